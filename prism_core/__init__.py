@@ -1,0 +1,3 @@
+"""PrismLLM library: every pipeline stage as a plain, typed function (DESIGN.md §3, §7)."""
+
+__version__ = "0.1.0"

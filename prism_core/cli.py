@@ -1,0 +1,68 @@
+"""The `prism` command line (DESIGN.md §9). Exit status 0 on success, non-zero with one paragraph on error."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from prism_core.config import ConfigError, PrismConfig, load_config
+from prism_core.launch import LaunchError
+from prism_core.metrics import MetricsError
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path, help="YAML job config (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set parallel.pp=2 (lists: comma-separated)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: artifacts/<name>/<command>)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prism", description="PrismLLM: see how a large training job behaves.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="run the job for real at full world size (Stage 0) and measure every rank")
+    _add_common(rec)
+    return parser
+
+
+def _summary(cfg: PrismConfig, document: dict, out: Path) -> str:
+    ranks = document["ranks"]
+    times = [r["iteration_time_s"] for r in ranks.values()]
+    lines = [f"{cfg.name}: {document['mode']} run of {document['world_size']} ranks, "
+             f"{cfg.job.iterations - cfg.job.warmup} measured steps per rank",
+             f"iteration time median over ranks {statistics.median(times):.4f} s "
+             f"(min {min(times):.4f}, max {max(times):.4f})",
+             f"metrics: {out / 'metrics.json'}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        out = args.out or Path("artifacts") / cfg.name / args.command
+        if args.command == "record":
+            from prism_core.record import record
+
+            document = record(cfg, out)
+        print(_summary(cfg, document, out))
+        return 0
+    except ConfigError as err:
+        print(f"prism: config error: {err}", file=sys.stderr)
+        return 2
+    except (LaunchError, MetricsError) as err:
+        print(f"prism {args.command} failed: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("prism: interrupted; all rank processes were stopped", file=sys.stderr)
+        return 130
+
+
+def main_exit() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()

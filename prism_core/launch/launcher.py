@@ -1,0 +1,219 @@
+"""Launch W rank processes on this machine the way torchrun would, and bring them all down on failure.
+
+The launcher hosts the rendezvous TCPStore itself on 127.0.0.1 (a listening socket bound to a
+free port and handed to the store, so there is no port race), starts every rank in one process
+group with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_USE_AGENT_STORE) and one intra-op thread, and watches them. The first rank to fail
+(by the time it recorded its error) is reported with its traceback; then, as on a timeout or an
+interrupt, the whole process group is terminated and reaped, so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KILL_GRACE_S = 3.0
+POLL_S = 0.05
+
+
+class LaunchError(RuntimeError):
+    """A launch that failed; `rank` is the rank blamed (None for a timeout with no culprit)."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
+@dataclass
+class LaunchSpec:
+    program: str
+    world_size: int
+    run_dir: Path
+    timeout_s: float
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    echo_rank: int | None = None  # stream this rank's output to our stdout, as progress
+
+
+def _listening_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    return sock
+
+
+def _rank_env(spec: LaunchSpec, rank: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(spec.env)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(spec.world_size), "LOCAL_WORLD_SIZE": str(spec.world_size),
+        "ROLE_WORLD_SIZE": str(spec.world_size),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONUNBUFFERED": "1", "PRISM_LAUNCHER_PID": str(os.getpid()),
+    })
+    return env
+
+
+class _Job:
+    """The running ranks of one launch, in one process group."""
+
+    def __init__(self, spec: LaunchSpec):
+        self.spec = spec
+        self.procs: list[subprocess.Popen] = []
+        self.logs = []
+        self.pgid: int | None = None
+
+    def start(self, port: int) -> None:
+        log_dir = self.spec.run_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for rank in range(self.spec.world_size):
+            log = open(log_dir / f"rank_{rank}.log", "wb")
+            self.logs.append(log)
+            cmd = [sys.executable, "-m", "prism_core.launch.rank_main", "--program", self.spec.program,
+                   "--result-dir", str(self.spec.run_dir), "--", *self.spec.args]
+            proc = subprocess.Popen(cmd, env=_rank_env(self.spec, rank, port), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    process_group=0 if self.pgid is None else self.pgid)
+            if self.pgid is None:
+                self.pgid = proc.pid
+            self.procs.append(proc)
+
+    def kill(self) -> None:
+        if self.pgid is None:
+            return
+        for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+                time.sleep(POLL_S)
+            if not _group_alive(self.pgid):
+                break
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def close(self) -> None:
+        for log in self.logs:
+            log.close()
+
+    def log_path(self, rank: int) -> Path:
+        return self.spec.run_dir / "logs" / f"rank_{rank}.log"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
+    """Blame the rank whose error was recorded first; ranks that died of a peer's death come later."""
+    time.sleep(0.3)  # let ranks that are failing right now finish writing their error files
+    errors = []
+    for path in (job.spec.run_dir / "errors").glob("*.json"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    if errors:
+        first = min(errors, key=lambda e: e["time"])
+        rank = first["rank"]
+        return LaunchError(f"rank {rank} failed:\n{first['traceback'].rstrip()}\n"
+                           f"(log: {job.log_path(rank)})", rank=rank)
+    rank = min(failed)
+    code = failed[rank]
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    return LaunchError(f"rank {rank} {how}; last output:\n{_tail(job.log_path(rank))}\n"
+                       f"(log: {job.log_path(rank)})", rank=rank)
+
+
+class _Echo:
+    def __init__(self, path: Path | None):
+        self.path, self.offset = path, 0
+
+    def pump(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end:
+            sys.stdout.write(data[:end].decode(errors="replace"))
+            sys.stdout.flush()
+            self.offset += end
+
+
+def launch(spec: LaunchSpec) -> dict[int, dict]:
+    """Run all ranks to completion; return each rank's result, or raise LaunchError."""
+    import torch.distributed as dist
+
+    if spec.world_size < 1:
+        raise ValueError("world_size must be >= 1")
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    for sub in ("results", "errors"):
+        for stale in (spec.run_dir / sub).glob("*.json"):
+            stale.unlink()
+    sock = _listening_socket()
+    port = sock.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=spec.timeout_s),
+                          wait_for_workers=False, master_listen_fd=sock.fileno())
+    sock.detach()  # the store owns the listening socket now and closes it itself
+    job = _Job(spec)
+    echo = _Echo(job.log_path(spec.echo_rank) if spec.echo_rank is not None else None)
+    try:
+        job.start(port)
+        deadline = time.monotonic() + spec.timeout_s
+        while True:
+            codes = {r: p.poll() for r, p in enumerate(job.procs)}
+            echo.pump()
+            failed = {r: c for r, c in codes.items() if c not in (None, 0)}
+            if failed:
+                raise _first_failure(job, failed)
+            if all(c == 0 for c in codes.values()):
+                break
+            if time.monotonic() > deadline:
+                running = [r for r, c in codes.items() if c is None]
+                raise LaunchError(f"timed out after {spec.timeout_s:g} s (job.timeout_s); ranks still running: "
+                                  f"{running}; last output of rank {running[0]}:\n{_tail(job.log_path(running[0]))}")
+            time.sleep(POLL_S)
+        echo.pump()
+        results = {}
+        for rank in range(spec.world_size):
+            path = spec.run_dir / "results" / f"{rank}.json"
+            if not path.exists():
+                raise LaunchError(f"rank {rank} exited cleanly but left no result ({path})", rank=rank)
+            results[rank] = json.loads(path.read_text())
+        return results
+    finally:
+        job.kill()
+        job.close()
+        del store
