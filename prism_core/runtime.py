@@ -28,6 +28,7 @@ class RankRuntime:
     scalars: dict[str, list[float]] = field(default_factory=dict)
     _pending_start: float | None = None
     _optimizer_id: int | None = None
+    _hook: object = None
 
     def mark_start(self) -> None:
         self._pending_start = time.perf_counter()
@@ -61,9 +62,17 @@ def install(rank: int) -> RankRuntime:
     global _current
     import torch.optim.optimizer as optim_mod
 
+    uninstall()
     _current = RankRuntime(rank=rank)
-    optim_mod.register_optimizer_step_post_hook(_current.on_optimizer_step)
+    _current._hook = optim_mod.register_optimizer_step_post_hook(_current.on_optimizer_step)
     return _current
+
+
+def uninstall() -> None:
+    global _current
+    if _current is not None and _current._hook is not None:
+        _current._hook.remove()
+    _current = None
 
 
 def current() -> RankRuntime | None:

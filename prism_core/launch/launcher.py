@@ -135,7 +135,12 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
-    """Blame the rank whose error was recorded first; ranks that died of a peer's death come later."""
+    """Blame the rank whose error was recorded first; ranks that died of a peer's death come later.
+
+    A failed rank that recorded no error died abruptly (a signal, os._exit): rank_main records every
+    Python exception, so that rank is the cause and any recorded errors are its peers' collectives
+    failing after it; it is blamed first.
+    """
     time.sleep(0.3)  # let ranks that are failing right now finish writing their error files
     errors = []
     for path in (job.spec.run_dir / "errors").glob("*.json"):
@@ -143,12 +148,14 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
             errors.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    if errors:
+    recorded = {e["rank"] for e in errors}
+    abrupt = sorted(r for r in failed if r not in recorded)  # exited ranks: their error file is final
+    if errors and not abrupt:
         first = min(errors, key=lambda e: e["time"])
         rank = first["rank"]
         return LaunchError(f"rank {rank} failed:\n{first['traceback'].rstrip()}\n"
                            f"(log: {job.log_path(rank)})", rank=rank)
-    rank = min(failed)
+    rank = abrupt[0]
     code = failed[rank]
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
     return LaunchError(f"rank {rank} {how}; last output:\n{_tail(job.log_path(rank))}\n"
