@@ -31,10 +31,13 @@ def _summary(cfg: PrismConfig, document: dict, out: Path) -> str:
     ranks = document["ranks"]
     times = [r["iteration_time_s"] for r in ranks.values()]
     lines = [f"{cfg.name}: {document['mode']} run of {document['world_size']} ranks, "
-             f"{cfg.job.iterations - cfg.job.warmup} measured steps per rank",
-             f"iteration time median over ranks {statistics.median(times):.4f} s "
-             f"(min {min(times):.4f}, max {max(times):.4f})",
-             f"metrics: {out / 'metrics.json'}"]
+             f"{cfg.job.iterations - cfg.job.warmup} measured steps per rank"]
+    if len(ranks) <= 16:
+        lines.append("rank  iteration_time_s")
+        lines += [f"{r:>4}  {m['iteration_time_s']:16.4f}" for r, m in ranks.items()]
+    lines += [f"iteration time median over ranks {statistics.median(times):.4f} s "
+              f"(min {min(times):.4f}, max {max(times):.4f})",
+              f"metrics: {out / 'metrics.json'}"]
     return "\n".join(lines)
 
 

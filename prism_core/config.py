@@ -279,6 +279,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> PrismCo
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read: {err.strerror}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
     if not isinstance(raw, dict):

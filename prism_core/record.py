@@ -18,6 +18,7 @@ def record(cfg: PrismConfig, out_dir: Path, echo: bool = True) -> dict:
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "metrics.json").unlink(missing_ok=True)  # a failed rerun must not leave an old result behind
     config_path = out_dir / "config.json"
     write_json_atomic(config_path, cfg.model_dump(mode="json"))
     world = cfg.job.world_size

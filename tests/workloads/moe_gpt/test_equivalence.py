@@ -52,6 +52,29 @@ def test_first_losses_equal_single_rank_run(case, tmp_path):
         assert a == pytest.approx(b, rel=1e-5), f"step {step}: {case} loss {a} vs single-rank {b}"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_all_four_parallelisms_at_once_equal_single_rank(tmp_path):
+    overrides = ["job.world_size=8", "parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "parallel.vpp=2",
+                 "parallel.microbatches=4", "parallel.distributed_optimizer=true"] + STEPS
+    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", overrides)
+    parallel = _losses(cfg, tmp_path / "parallel")
+    reference = _losses(load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", overrides + _single_rank(cfg)),
+                        tmp_path / "single")
+    assert parallel == pytest.approx(reference, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_moe_w16_records_every_rank(tmp_path):
+    cfg = load_config(CONFIGS / "moe_w16.yaml", ["job.iterations=3"])
+    document = record(cfg, tmp_path, echo=False)
+    assert document["mode"] == "real" and document["world_size"] == 16
+    assert sorted(map(int, document["ranks"])) == list(range(16))
+    for rank in document["ranks"].values():
+        assert len(rank["step_times_s"]) == 2 and rank["iteration_time_s"] > 0
+
+
 @pytest.mark.timeout(300)
 def test_loss_falls_over_20_steps(tmp_path):
     cfg = load_config(CONFIGS / "tiny_moe_w2_dp2.yaml", ["job.iterations=20", "job.warmup=1"])

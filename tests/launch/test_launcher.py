@@ -1,0 +1,293 @@
+"""Tests of prism_core.launch with real rank processes: failures, hangs, signals, the torchrun
+environment, iteration boundaries, script arguments, and that nothing is ever left running.
+
+Every test writes a small torchrun-style user script to tmp_path (it calls
+`init_process_group("gloo")` with no arguments) and launches it at world size 2 through
+`prism record` (the installed CLI, `prism_core.cli.main` or `record()`), or `launch()`. Each rank
+of a script first writes its pid to `pids/<rank>`; after the launch returns, none of those
+processes, nor any other process running the script, may exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from prism_core import cli
+from prism_core.config import load_config
+from prism_core.launch import LaunchError
+from prism_core.record import record
+
+PRISM = Path(sys.executable).with_name("prism")
+WORLD = 2
+
+# Prepended to every script: record this rank's pid before anything slow happens.
+PREAMBLE = """\
+import os, sys, time, json, signal
+from pathlib import Path
+PIDS = Path({pids!r})
+PIDS.mkdir(parents=True, exist_ok=True)
+(PIDS / os.environ["RANK"]).write_text(str(os.getpid()))
+import torch
+import torch.distributed as dist
+"""
+
+
+def _job(tmp_path: Path, body: str, *, name: str = "job", iterations: int = 2, warmup: int = 1,
+         **job: object) -> tuple[Path, Path]:
+    """Write script `<name>.py` and config `<name>.yaml` under tmp_path; return (config, script)."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(PREAMBLE.format(pids=str(tmp_path / "pids")) + textwrap.dedent(body))
+    raw = {"name": name, "job": {"program": str(script), "world_size": WORLD, "iterations": iterations,
+                                 "warmup": warmup, **job}}
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    return config, script
+
+
+def _leftovers(tmp_path: Path, script: Path) -> list[str]:
+    """Processes of this launch still present: the pids the ranks wrote, and anything running the script."""
+    left = []
+    for pid_file in sorted((tmp_path / "pids").glob("*")):
+        pid = int(pid_file.read_text())
+        try:
+            proc = psutil.Process(pid)
+            status, cmdline = proc.status(), proc.cmdline()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:
+            status, cmdline = "?", []
+        # A zombie has an empty command line; a recycled pid runs something else entirely.
+        if status == psutil.STATUS_ZOMBIE or not cmdline or str(script) in cmdline:
+            left.append(f"rank {pid_file.name}: pid {pid} ({status})")
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if str(script) in (proc.info["cmdline"] or []) and proc.pid != os.getpid():
+            left.append(f"pid {proc.pid}: {' '.join(proc.info['cmdline'])}")
+    return left
+
+
+def assert_nothing_left(tmp_path: Path, script: Path, expect_pids: int | None = None) -> None:
+    """No rank process of this launch exists any more (waiting up to 2 s for the kernel to finish)."""
+    if expect_pids is not None:
+        assert len(list((tmp_path / "pids").glob("*"))) == expect_pids, "a rank did not write its pid file"
+    deadline = time.monotonic() + 2.0
+    while (left := _leftovers(tmp_path, script)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"processes left running: {left}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Failures
+
+
+@pytest.mark.timeout(120)
+def test_raising_rank_fails_the_cli_fast_with_its_traceback(tmp_path):
+    config, script = _job(tmp_path, """
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            raise ValueError("boom on purpose")
+        dist.barrier()  # rank 0 blocks here until rank 1's death breaks the collective
+    """)
+    start = time.monotonic()
+    proc = subprocess.run([str(PRISM), "record", str(config), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    elapsed = time.monotonic() - start
+
+    assert proc.returncode != 0
+    assert elapsed < 30, f"the failure took {elapsed:.1f} s to surface"
+    assert "rank 1" in proc.stderr
+    assert "ValueError: boom on purpose" in proc.stderr
+    assert 'raise ValueError("boom on purpose")' in proc.stderr  # the script's own traceback line
+    assert "rank 0 failed" not in proc.stderr  # rank 0 only died of rank 1's death
+    assert not (tmp_path / "out" / "metrics.json").exists()
+    assert_nothing_left(tmp_path, script, expect_pids=WORLD)
+
+
+@pytest.mark.timeout(120)
+def test_hang_times_out_and_kills_every_rank(tmp_path):
+    config, script = _job(tmp_path, """
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            time.sleep(1000)
+        dist.barrier()
+    """, timeout_s=5)
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match="timed out") as info:
+        record(load_config(config), tmp_path / "out", echo=False)
+    elapsed = time.monotonic() - start
+
+    assert elapsed < 20, f"a 5 s timeout took {elapsed:.1f} s"
+    assert "job.timeout_s" in str(info.value)
+    assert_nothing_left(tmp_path, script)
+
+
+@pytest.mark.timeout(120)
+def test_rank_killed_by_a_signal_is_blamed(tmp_path):
+    config, script = _job(tmp_path, """
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()  # rank 1 fails here, and records an error, after rank 0 is gone
+    """)
+    with pytest.raises(LaunchError) as info:
+        record(load_config(config), tmp_path / "out", echo=False)
+
+    message = str(info.value)
+    assert info.value.rank == 0, message
+    assert message.startswith("rank 0 ") and "signal" in message
+    assert_nothing_left(tmp_path, script, expect_pids=WORLD)
+
+
+@pytest.mark.timeout(120)
+def test_interrupt_stops_every_rank(tmp_path):
+    config, script = _job(tmp_path, """
+        dist.init_process_group("gloo")
+        time.sleep(1000)
+    """)
+    # A shell's background job may inherit SIGINT ignored; give the CLI the default disposition.
+    proc = subprocess.Popen([str(PRISM), "record", str(config), "--out", str(tmp_path / "out")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while len(list((tmp_path / "pids").glob("*"))) < WORLD:
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # the pid files are written while the launcher polls; let it settle in its loop
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert_nothing_left(tmp_path, script, expect_pids=WORLD)
+
+
+# ----------------------------------------------------------------------------------------------
+# What a script sees: torchrun's environment and its own arguments
+
+
+ARGS = ["--lr", "0.5", "two words", "--flag=x", ""]
+
+
+@pytest.fixture(scope="module")
+def env_run(tmp_path_factory):
+    """One `prism record` of a script that dumps its environment and argv, then takes 2 steps."""
+    tmp_path = tmp_path_factory.mktemp("env_run")
+    config, script = _job(tmp_path, f"""
+        seen = {{k: os.environ.get(k) for k in
+                 ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")}}
+        seen["threads"] = torch.get_num_threads()
+        dist.init_process_group("gloo")
+        seen["dist_rank"], seen["dist_world_size"] = dist.get_rank(), dist.get_world_size()
+        seen["backend"] = dist.get_backend()
+        out = Path({str(tmp_path)!r})
+        (out / f"env_{{seen['RANK']}}.json").write_text(json.dumps(seen))
+        (out / f"argv_{{seen['RANK']}}.json").write_text(json.dumps(sys.argv))
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+        dist.destroy_process_group()
+    """, args=ARGS)
+    status = cli.main(["record", str(config), "--out", str(tmp_path / "out")])
+    assert_nothing_left(tmp_path, script, expect_pids=WORLD)
+    return status, tmp_path, script
+
+
+@pytest.mark.timeout(120)
+def test_script_gets_torchrun_environment(env_run):
+    status, tmp_path, _ = env_run
+    assert status == 0
+    seen = [json.loads((tmp_path / f"env_{r}.json").read_text()) for r in range(WORLD)]
+    for rank, env in enumerate(seen):
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == str(WORLD)
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["OMP_NUM_THREADS"] == "1"
+        assert env["threads"] == 1
+        assert (env["dist_rank"], env["dist_world_size"]) == (rank, WORLD)
+        assert env["backend"] == "gloo"
+    ports = {env["MASTER_PORT"] for env in seen}
+    assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
+
+
+@pytest.mark.timeout(120)
+def test_job_args_reach_the_script_argv(env_run):
+    status, tmp_path, script = env_run
+    assert status == 0
+    for rank in range(WORLD):
+        argv = json.loads((tmp_path / f"argv_{rank}.json").read_text())
+        assert argv == [str(script), *ARGS]  # argv[0] is the script, as under torchrun
+
+
+# ----------------------------------------------------------------------------------------------
+# Iteration boundaries
+
+
+@pytest.mark.timeout(120)
+def test_optimizer_steps_mark_iterations(tmp_path):
+    steps = 4
+    config, script = _job(tmp_path, f"""
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range({steps}):
+            opt.zero_grad()
+            model(torch.randn(16, 8)).pow(2).mean().backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+            time.sleep(0.05)
+            opt.step()
+        dist.destroy_process_group()
+    """, iterations=steps, warmup=1)
+    out = tmp_path / "out"
+    assert cli.main(["record", str(config), "--out", str(out)]) == 0
+
+    document = json.loads((out / "metrics.json").read_text())
+    assert document["mode"] == "real"
+    assert document["world_size"] == WORLD
+    assert set(document["ranks"]) == {str(r) for r in range(WORLD)}
+    for rank, metrics in document["ranks"].items():
+        times = metrics["step_times_s"]
+        assert len(times) == steps - 1, f"rank {rank}: {times}"
+        assert all(t >= 0.05 for t in times), f"rank {rank}: {times}"
+        assert metrics["iteration_time_s"] == statistics.median(times)
+        assert metrics["peak_memory_bytes"] is None
+        assert metrics["oom"] is False
+        # The per-rank result keeps the warm-up step too.
+        result = json.loads((out / "results" / f"{rank}.json").read_text())
+        assert len(result["step_times_s"]) == steps and result["step_times_s"][1:] == times
+    assert_nothing_left(tmp_path, script, expect_pids=WORLD)
+
+
+@pytest.mark.timeout(120)
+def test_script_without_optimizer_step_fails_record(tmp_path, capsys):
+    config, script = _job(tmp_path, """
+        dist.init_process_group("gloo")
+        dist.barrier()
+        dist.destroy_process_group()
+    """)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"mode": "real"}')  # from an earlier, successful run
+    assert cli.main(["record", str(config), "--out", str(out)]) != 0
+    assert "optimizer.step" in capsys.readouterr().err
+    assert not (out / "metrics.json").exists(), "a failed record left an old metrics.json behind"
+    assert_nothing_left(tmp_path, script, expect_pids=WORLD)

@@ -1,0 +1,90 @@
+"""Tests of the `prism` command line: bad configs are refused with the field named and exit status 2
+before any rank starts; help works."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prism_core import cli
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ROOT / "configs" / "tiny_moe_w2_pp2.yaml"  # world 2, pp 2, 8 microbatches, 4 layers, 4 experts, top-2
+PRISM = Path(sys.executable).with_name("prism")
+
+# (id, field the message must name, --set overrides on BASE)
+BAD = [
+    ("world_size_not_multiple", "job.world_size", ["job.world_size=3"]),
+    ("dp_inconsistent", "parallel.dp", ["parallel.dp=2"]),
+    ("ep_not_dividing_dp", "parallel.ep", ["parallel.ep=2"]),
+    ("layers_not_splittable", "model.num_layers", ["model.num_layers=3"]),
+    ("microbatches_1f1b", "parallel.microbatches", ["parallel.microbatches=1"]),
+    ("microbatches_interleaved", "parallel.microbatches", ["parallel.vpp=2", "parallel.microbatches=3"]),
+    ("vpp_without_pp", "parallel.vpp", ["parallel.pp=1", "parallel.vpp=2"]),
+    ("experts_not_splittable", "model.num_experts", ["parallel.pp=1", "parallel.ep=2", "model.num_experts=3"]),
+    ("topk_above_experts", "model.moe_router_topk", ["model.moe_router_topk=5"]),
+    ("rank_of_interest_outside", "emulation.ranks_of_interest", ["emulation.ranks_of_interest=0,2"]),
+    ("rank_of_interest_twice", "emulation.ranks_of_interest", ["emulation.ranks_of_interest=1,1"]),
+    ("sandbox_above_slots", "emulation.sandbox", ["emulation.sandbox=3"]),
+    ("unknown_key_set", "parallel.ppp", ["parallel.ppp=2"]),
+]
+
+
+def test_base_config_is_valid():
+    """The bad cases below differ from a good config only by their overrides."""
+    from prism_core.config import load_config
+
+    cfg = load_config(BASE)
+    assert (cfg.job.world_size, cfg.parallel.pp, cfg.parallel.dp) == (2, 2, 1)
+
+
+@pytest.mark.parametrize("field, overrides", [(f, o) for _, f, o in BAD], ids=[i for i, _, _ in BAD])
+def test_bad_config_is_refused_naming_the_field(tmp_path, capsys, field, overrides):
+    out = tmp_path / "out"
+    argv = ["record", str(BASE), "--out", str(out)]
+    for o in overrides:
+        argv += ["--set", o]
+    status = cli.main(argv)
+    captured = capsys.readouterr()
+    assert status == 2, captured.err
+    assert f"{field}:" in captured.err, captured.err
+    assert captured.err.startswith("prism: config error:")
+    assert not (out / "logs").exists(), "a rank process was started for a bad config"
+
+
+def test_unknown_key_in_the_yaml_file_is_refused(tmp_path, capsys):
+    raw = yaml.safe_load(BASE.read_text())
+    raw["parallel"]["ppp"] = 2
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    assert cli.main(["record", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "parallel.ppp:" in err and "unknown key" in err
+    assert not (out / "logs").exists()
+
+
+def test_installed_prism_exits_2_on_a_bad_config(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([str(PRISM), "record", str(BASE), "--set", "parallel.microbatches=1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "parallel.microbatches:" in proc.stderr
+    assert "1F1B" in proc.stderr
+    assert proc.stdout == ""
+    assert not (out / "logs").exists()
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["record", "--help"]], ids=["prism", "record"])
+def test_help_exits_0(argv):
+    proc = subprocess.run([str(PRISM), *argv], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "record" in proc.stdout
+    if argv[0] == "record":
+        assert "--set" in proc.stdout and "--out" in proc.stdout
