@@ -163,8 +163,11 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
 
 
 class _Echo:
-    def __init__(self, path: Path | None):
+    """Copies one rank's new output lines to our stdout, prefixed with the rank."""
+
+    def __init__(self, path: Path | None, rank: int | None):
         self.path, self.offset = path, 0
+        self.prefix = f"[rank {rank}] "
 
     def pump(self) -> None:
         if self.path is None or not self.path.exists():
@@ -174,7 +177,8 @@ class _Echo:
             data = f.read()
         end = data.rfind(b"\n") + 1
         if end:
-            sys.stdout.write(data[:end].decode(errors="replace"))
+            text = data[:end].decode(errors="replace")
+            sys.stdout.write("".join(self.prefix + line for line in text.splitlines(keepends=True)))
             sys.stdout.flush()
             self.offset += end
 
@@ -195,7 +199,7 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
                           wait_for_workers=False, master_listen_fd=sock.fileno())
     sock.detach()  # the store owns the listening socket now and closes it itself
     job = _Job(spec)
-    echo = _Echo(job.log_path(spec.echo_rank) if spec.echo_rank is not None else None)
+    echo = _Echo(job.log_path(spec.echo_rank) if spec.echo_rank is not None else None, spec.echo_rank)
     try:
         job.start(port)
         deadline = time.monotonic() + spec.timeout_s

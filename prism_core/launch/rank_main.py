@@ -69,11 +69,19 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             _fail(ns.result_dir, rank, f"the program called sys.exit({exc.code!r})\n")
-    except BaseException:
-        _fail(ns.result_dir, rank, traceback.format_exc())
+    except BaseException as exc:
+        _fail(ns.result_dir, rank, _program_traceback(exc))
     runtime.write_json_atomic(ns.result_dir / "results" / f"{rank}.json", rt.as_dict())
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _program_traceback(exc: BaseException) -> str:
+    """The traceback from the program's own frames on (the launch machinery's frames dropped)."""
+    te = traceback.TracebackException.from_exception(exc)
+    frames = [f for f in te.stack if f.filename != __file__ and not f.filename.startswith("<frozen runpy")]
+    te.stack = traceback.StackSummary.from_list(frames)
+    return "".join(te.format())
 
 
 def _fail(result_dir: Path, rank: int, tb: str) -> None:
