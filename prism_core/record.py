@@ -1,32 +1,97 @@
-"""Stage 0, record: run the job for real at full world size and measure every rank (DESIGN.md §3)."""
+"""Stage 0, record: run the job for real at full world size and measure every rank (DESIGN.md §3).
+
+Ranks run on the prism backend (gloo underneath) with the trace recorder and the native memory
+counter. After the run the per-rank trace parts are merged into `trace.zarr` and validated;
+`metrics.json` gets each rank's median step time and its peak live tensor bytes. A rank that
+runs past `job.device_memory_bytes` fails like a GPU out of memory: the run is stopped, and
+`metrics.json` says which rank ran out at which step.
+"""
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from prism_core.config import PrismConfig
-from prism_core.launch import LaunchSpec, launch
+from prism_core.launch import LaunchError, LaunchSpec, launch
+from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.metrics import metrics_document, rank_metrics, write_metrics
 from prism_core.runtime import write_json_atomic
+from prism_core.trace import STORE_NAME, merge_parts, validate, write_trace
 
 
-def record(cfg: PrismConfig, out_dir: Path, echo: bool = True) -> dict:
+@dataclass
+class RecordOptions:
+    instrument: bool = True   # False: plain gloo, no trace, no memory (the overhead baseline)
+    memory: bool = True
+    echo: bool = True
+
+
+def _launch_spec(cfg: PrismConfig, out_dir: Path, opts: RecordOptions) -> LaunchSpec:
+    config_path = out_dir / "config.json"
+    write_json_atomic(config_path, cfg.model_dump(mode="json"))
+    env = {"PRISM_CONFIG": str(config_path.resolve()), ENV_INSTRUMENT: "1" if opts.instrument else "0",
+           ENV_MEMORY: "1" if opts.instrument and opts.memory else "0"}
+    if cfg.job.device_memory_bytes is not None:
+        env[ENV_CAPACITY] = str(cfg.job.device_memory_bytes)
+    world = cfg.job.world_size
+    return LaunchSpec(program=cfg.job.program, world_size=world, run_dir=out_dir, timeout_s=cfg.job.timeout_s,
+                      args=list(cfg.job.args), env=env,
+                      echo_rank=(world - 1 if cfg.job.is_builtin else 0) if opts.echo else None)
+
+
+def _peak(result: dict, warmup: int) -> int | None:
+    peaks = result.get("step_peaks") or []
+    measured = [p for p in peaks[warmup:] if p is not None]
+    oom = result.get("oom") or {}
+    if oom.get("peak_bytes") is not None:
+        measured.append(oom["peak_bytes"])
+    return max(measured) if measured else None
+
+
+def record(cfg: PrismConfig, out_dir: Path, echo: bool = True, options: RecordOptions | None = None) -> dict:
     """Launch all W ranks, write `out_dir/metrics.json` (mode "real") and return its content.
 
-    Per-rank details (step times, logged scalars such as the loss) stay in `out_dir/results/`,
-    rank output in `out_dir/logs/`. `peak_memory_bytes` stays null until memory is tracked.
+    Per-rank details (step times, per-step peaks, logged scalars such as the loss) stay in
+    `out_dir/results/`, rank output in `out_dir/logs/`, the merged trace in `out_dir/trace.zarr`.
     """
+    opts = options or RecordOptions(echo=echo)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.json").unlink(missing_ok=True)  # a failed rerun must not leave an old result behind
-    config_path = out_dir / "config.json"
-    write_json_atomic(config_path, cfg.model_dump(mode="json"))
-    world = cfg.job.world_size
-    spec = LaunchSpec(program=cfg.job.program, world_size=world, run_dir=out_dir, timeout_s=cfg.job.timeout_s,
-                      args=list(cfg.job.args), env={"PRISM_CONFIG": str(config_path.resolve())},
-                      echo_rank=(world - 1 if cfg.job.is_builtin else 0) if echo else None)
-    results = launch(spec)
-    ranks = {r: rank_metrics(r, res["step_times_s"], cfg.job.warmup) for r, res in results.items()}
-    document = metrics_document("real", world, ranks)
+    spec = _launch_spec(cfg, out_dir, opts)
+    try:
+        results = launch(spec)
+    except LaunchError as err:
+        if not err.error.get("oom"):
+            raise
+        return _record_oom(cfg, out_dir, err)
+    warmup = cfg.job.warmup
+    ranks = {r: rank_metrics(r, res["step_times_s"], warmup, _peak(res, warmup)) for r, res in results.items()}
+    if opts.instrument:
+        trace = merge_parts(out_dir / "trace_parts", cfg.job.world_size)
+        validate(trace)
+        write_trace(trace, out_dir / STORE_NAME)
+    document = metrics_document("real", cfg.job.world_size, ranks)
+    write_metrics(out_dir / "metrics.json", document)
+    return document
+
+
+def _record_oom(cfg: PrismConfig, out_dir: Path, err: LaunchError) -> dict:
+    """A rank ran out of device memory: the job stops there, as it would on GPUs; report what was measured."""
+    warmup = cfg.job.warmup
+    ranks = {}
+    for rank in range(cfg.job.world_size):
+        res = err.results.get(rank, {})
+        times = res.get("step_times_s", [])[warmup:]
+        entry = {"iteration_time_s": statistics.median(times) if times else None, "step_times_s": times,
+                 "peak_memory_bytes": _peak(res, warmup), "oom": rank == err.rank}
+        if rank == err.rank:
+            entry["oom_step"] = err.error["oom"]["step"]
+        ranks[rank] = entry
+    document = metrics_document("real", cfg.job.world_size, ranks)
+    document["oom"] = {"rank": err.rank, "step": err.error["oom"]["step"],
+                       "message": err.error["traceback"].strip().splitlines()[-1]}
     write_metrics(out_dir / "metrics.json", document)
     return document

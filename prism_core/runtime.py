@@ -29,6 +29,7 @@ class RankRuntime:
     _pending_start: float | None = None
     _optimizer_id: int | None = None
     _hook: object = None
+    on_step: object = None  # called after each counted optimizer step (the trace recorder)
 
     def mark_start(self) -> None:
         self._pending_start = time.perf_counter()
@@ -46,6 +47,8 @@ class RankRuntime:
         self._pending_start = None
         self.step_starts.append(start)
         self.step_ends.append(end)
+        if self.on_step is not None:
+            self.on_step()
 
     def step_times(self) -> list[float]:
         return [e - s for s, e in zip(self.step_starts, self.step_ends)]

@@ -26,11 +26,17 @@ POLL_S = 0.05
 
 
 class LaunchError(RuntimeError):
-    """A launch that failed; `rank` is the rank blamed (None for a timeout with no culprit)."""
+    """A launch that failed; `rank` is the rank blamed (None for a timeout with no culprit).
 
-    def __init__(self, message: str, rank: int | None = None):
+    `error` is the blamed rank's recorded error (traceback, and `oom` for an out-of-memory
+    failure); `results` holds what ranks recorded before the job stopped.
+    """
+
+    def __init__(self, message: str, rank: int | None = None, error: dict | None = None):
         super().__init__(message)
         self.rank = rank
+        self.error = error or {}
+        self.results: dict[int, dict] = {}
 
 
 @dataclass
@@ -150,16 +156,35 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
             continue
     recorded = {e["rank"] for e in errors}
     abrupt = sorted(r for r in failed if r not in recorded)  # exited ranks: their error file is final
+    flights = _flights(job)
     if errors and not abrupt:
         first = min(errors, key=lambda e: e["time"])
         rank = first["rank"]
         return LaunchError(f"rank {rank} failed:\n{first['traceback'].rstrip()}\n"
-                           f"(log: {job.log_path(rank)})", rank=rank)
+                           f"(log: {job.log_path(rank)}){flights}", rank=rank, error=first)
     rank = abrupt[0]
     code = failed[rank]
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
     return LaunchError(f"rank {rank} {how}; last output:\n{_tail(job.log_path(rank))}\n"
-                       f"(log: {job.log_path(rank)})", rank=rank)
+                       f"(log: {job.log_path(rank)}){flights}", rank=rank)
+
+
+def _flights(job: _Job) -> str:
+    """Where the ranks stood in communication (record mode only), as a paragraph to append."""
+    from prism_core.trace.flight import explain, read_flights
+
+    text = explain(read_flights(job.spec.run_dir / "flight", job.spec.world_size))
+    return f"\ncommunication in flight:\n{text}" if text else ""
+
+
+def _results(run_dir: Path, world_size: int) -> dict[int, dict]:
+    out = {}
+    for rank in range(world_size):
+        try:
+            out[rank] = json.loads((run_dir / "results" / f"{rank}.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 class _Echo:
@@ -190,8 +215,8 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
     if spec.world_size < 1:
         raise ValueError("world_size must be >= 1")
     spec.run_dir.mkdir(parents=True, exist_ok=True)
-    for sub in ("results", "errors"):
-        for stale in (spec.run_dir / sub).glob("*.json"):
+    for sub in ("results", "errors", "trace_parts", "flight"):
+        for stale in (spec.run_dir / sub).glob("*"):
             stale.unlink()
     sock = _listening_socket()
     port = sock.getsockname()[1]
@@ -208,21 +233,23 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
             echo.pump()
             failed = {r: c for r, c in codes.items() if c not in (None, 0)}
             if failed:
-                raise _first_failure(job, failed)
+                err = _first_failure(job, failed)
+                err.results = _results(spec.run_dir, spec.world_size)
+                raise err
             if all(c == 0 for c in codes.values()):
                 break
             if time.monotonic() > deadline:
                 running = [r for r, c in codes.items() if c is None]
                 raise LaunchError(f"timed out after {spec.timeout_s:g} s (job.timeout_s); ranks still running: "
-                                  f"{running}; last output of rank {running[0]}:\n{_tail(job.log_path(running[0]))}")
+                                  f"{running}; last output of rank {running[0]}:\n{_tail(job.log_path(running[0]))}"
+                                  f"{_flights(job)}")
             time.sleep(POLL_S)
         echo.pump()
-        results = {}
+        results = _results(spec.run_dir, spec.world_size)
         for rank in range(spec.world_size):
-            path = spec.run_dir / "results" / f"{rank}.json"
-            if not path.exists():
-                raise LaunchError(f"rank {rank} exited cleanly but left no result ({path})", rank=rank)
-            results[rank] = json.loads(path.read_text())
+            if rank not in results:
+                raise LaunchError(f"rank {rank} exited cleanly but left no result "
+                                  f"({spec.run_dir / 'results' / f'{rank}.json'})", rank=rank)
         return results
     finally:
         job.kill()

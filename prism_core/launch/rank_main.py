@@ -1,9 +1,11 @@
 """Entry point of one launched rank process (`python -m prism_core.launch.rank_main`).
 
 It pins the process to one intra-op thread, makes sure it dies with its launcher, starts the
-per-rank runtime (iteration boundaries), runs the program — a built-in workload or a user
-script via runpy, unedited — and leaves `results/<rank>.json`, or on failure
-`errors/<rank>.json` with the traceback and the time it happened, for the launcher to read.
+per-rank runtime (iteration boundaries) and, in record mode, the prism backend with its trace
+recorder and memory counter; runs the program — a built-in workload or a user script via
+runpy, unedited — and leaves `results/<rank>.json` and `trace_parts/<rank>.npz`, plus on
+failure `errors/<rank>.json` with the traceback, the time it happened and, for an
+out-of-memory error, the step.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from pathlib import Path
 from prism_core import runtime
 
 BUILTIN_MODULES = {"builtin:moe_gpt": "prism_core.workloads.moe_gpt.train"}
+ENV_INSTRUMENT = "PRISM_INSTRUMENT"  # "1": prism backend + trace + flight record (record mode)
+ENV_MEMORY = "PRISM_MEMORY"          # "1": count live tensor bytes with the native allocator
+ENV_CAPACITY = "PRISM_DEVICE_MEMORY_BYTES"
 PR_SET_PDEATHSIG = 1
 
 
@@ -64,16 +69,50 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     rt = runtime.install(rank)
+    rec = _instrument(rank, ns.result_dir, rt) if os.environ.get(ENV_INSTRUMENT) == "1" else None
+    failure = None
     try:
         _run_program(ns.program, args)
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            _fail(ns.result_dir, rank, f"the program called sys.exit({exc.code!r})\n")
+            failure = {"traceback": f"the program called sys.exit({exc.code!r})\n"}
     except BaseException as exc:
-        _fail(ns.result_dir, rank, _program_traceback(exc))
-    runtime.write_json_atomic(ns.result_dir / "results" / f"{rank}.json", rt.as_dict())
+        failure = {"traceback": _program_traceback(exc)}
+        if isinstance(exc, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)):
+            failure["oom"] = {"step": len(rt.step_ends), "peak_bytes": rec.memory.peak_bytes() if rec and rec.memory
+                              else None}
+    result = rt.as_dict()
+    if rec is not None:
+        result["step_peaks"] = rec.step_peaks
+        rec.write_part(ns.result_dir / "trace_parts")
+    if failure is not None:
+        result["oom"] = failure.get("oom")
+    runtime.write_json_atomic(ns.result_dir / "results" / f"{rank}.json", result)
+    if failure is not None:
+        _fail(ns.result_dir, rank, failure)
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _instrument(rank: int, result_dir: Path, rt):
+    """Record mode: the prism backend with a trace recorder, flight record, memory counter."""
+    from prism_core import backend
+    from prism_core.trace import recorder
+    from prism_core.trace.flight import Flight
+
+    rec = recorder.start(rank)
+    rec.flight = Flight(result_dir / "flight", rank)
+    if os.environ.get(ENV_MEMORY) == "1":
+        from prism_core import memory
+
+        memory.install()
+        limit = os.environ.get(ENV_CAPACITY)
+        memory.set_limit(int(limit) if limit else None)
+        memory.reset_peak()
+        rec.memory = memory
+    backend.install(rec)
+    rt.on_step = rec.iteration_end
+    return rec
 
 
 def _program_traceback(exc: BaseException) -> str:
@@ -84,11 +123,10 @@ def _program_traceback(exc: BaseException) -> str:
     return "".join(te.format())
 
 
-def _fail(result_dir: Path, rank: int, tb: str) -> None:
-    sys.stderr.write(tb)
+def _fail(result_dir: Path, rank: int, failure: dict) -> None:
+    sys.stderr.write(failure["traceback"])
     sys.stderr.flush()
-    runtime.write_json_atomic(result_dir / "errors" / f"{rank}.json",
-                              {"rank": rank, "time": time.time(), "traceback": tb})
+    runtime.write_json_atomic(result_dir / "errors" / f"{rank}.json", {"rank": rank, "time": time.time(), **failure})
     # Skip interpreter teardown: a failed collective can leave threads that block a clean exit.
     os._exit(1)
 

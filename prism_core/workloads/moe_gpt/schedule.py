@@ -17,6 +17,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from prism_core.annotations import annotate
+
 ACTIVATION_TAG, GRADIENT_TAG = 0, 1
 
 
@@ -95,7 +97,8 @@ class PipelineExecutor:
             if step.kind == "F":
                 tokens, labels = batch(step.mb) if (chunk.first or chunk.last) else (None, None)
                 x = tokens if chunk.first else recv[0].requires_grad_()
-                out = chunk(x, labels)
+                with annotate("fwd", mb=step.mb, chunk=step.chunk):
+                    out = chunk(x, labels)
                 inputs[key], outputs[key] = x, out
                 if chunk.last:
                     losses.append(out.item())
@@ -103,10 +106,11 @@ class PipelineExecutor:
                     sends.append((dist.isend(out.detach(), dst=self.next, tag=ACTIVATION_TAG), out))
             else:
                 out, x = outputs.pop(key), inputs.pop(key)
-                if chunk.last:
-                    torch.autograd.backward(out / self.m)
-                else:
-                    torch.autograd.backward(out, grad_tensors=recv[0])
+                with annotate("bwd", mb=step.mb, chunk=step.chunk):
+                    if chunk.last:
+                        torch.autograd.backward(out / self.m)
+                    else:
+                        torch.autograd.backward(out, grad_tensors=recv[0])
                 if not chunk.first:
                     sends.append((dist.isend(x.grad, dst=self.prev, tag=GRADIENT_TAG), x.grad))
         for work, _tensor in sends:  # the tensor is held until its send completes

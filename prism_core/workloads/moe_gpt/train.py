@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from prism_core import runtime
+from prism_core.annotations import annotate
 from prism_core.topology import Topology
 from prism_core.workloads.moe_gpt import parallel_state
 from prism_core.workloads.moe_gpt.data import DataPath
@@ -44,7 +45,8 @@ def main(cfg) -> None:
         runtime.iteration_start()
         optimizer.zero_grad()
         losses = executor.run(lambda mb: data.batch(step, mb))
-        optimizer.step()
+        with annotate("optim"):
+            optimizer.step()
         if last_stage:
             loss = torch.tensor(sum(losses) / len(losses), dtype=torch.float64)
             if state.group("dp") is not None:

@@ -1,0 +1,40 @@
+"""Make an unmodified program's process groups land on the prism backend.
+
+`install()` registers the "prism" backend with c10d and wraps c10d's single choke point for
+creating process groups (`_new_process_group_helper`, used by `init_process_group`, `new_group`
+and device meshes), so that whatever backend the program asks for — "gloo", "nccl" on a CPU
+run, or none — the group is a PrismProcessGroup. The program's own view (`get_backend()`)
+keeps the name it asked for.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from prism_core.backend.process_group import PrismProcessGroup
+from prism_core.trace.recorder import Recorder
+
+BACKEND_NAME = "prism"
+_state: dict = {"installed": False, "recorder": None}
+
+
+def _create(opts, backend_options) -> PrismProcessGroup:
+    return PrismProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                             list(opts.global_ranks_in_group), opts.group_id, _state["recorder"])
+
+
+def install(recorder: Recorder | None = None) -> None:
+    """Register the backend and route every new process group to it (idempotent)."""
+    _state["recorder"] = recorder
+    if _state["installed"]:
+        return
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+    original = c10d._new_process_group_helper
+
+    def helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+        return original(group_size, group_rank, global_ranks_in_group, dist.Backend(BACKEND_NAME), *args, **kwargs)
+
+    c10d._new_process_group_helper = helper
+    _state["installed"] = True

@@ -1,0 +1,231 @@
+"""`PrismProcessGroup`: the "prism" c10d backend, a Python ProcessGroup that wraps gloo.
+
+Every op c10d routes to a backend arrives here under its Python name (measured on torch 2.13:
+`allreduce`, `broadcast`, `allgather`, `all_gather_single(_coalesced)`, `reduce_scatter`,
+`reduce_scatter_single(_coalesced)`, `all_to_all_single`, `alltoall`, `send`, `recv`,
+`barrier`, `scatter`, `gather`, `reduce`), is recorded when a trace recorder is active, and
+is forwarded to an inner ProcessGroupGloo that does the real transfer. The returned work wraps
+gloo's so that completion (gloo's future callback for collectives, the wait for p2p) and the
+program's `wait()` are timed. An op prism cannot serve raises an error naming it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+
+import torch
+import torch.distributed as dist
+
+from prism_core.trace.recorder import Recorder
+
+
+_C10D_FILE = "distributed_c10d.py"
+
+
+class UnsupportedOpError(RuntimeError):
+    pass
+
+
+def _unsupported(op: str, why: str) -> UnsupportedOpError:
+    return UnsupportedOpError(f"prism backend: {op} is not supported ({why})")
+
+
+class PrismWork(dist.Work):
+    """Work of one op: gloo's work(s), plus the trace node whose wait and completion it times."""
+
+    def __init__(self, works: list, recorder: Recorder | None, node: int, outputs, collective: bool):
+        super().__init__()
+        self._works, self._recorder, self._node = works, recorder, node
+        self._outputs = outputs
+        self._done = False
+        if recorder is not None and collective:
+            for w in works:
+                try:
+                    w.get_future().then(self._on_complete)
+                except RuntimeError:  # some gloo works (reduce_scatter_single) have no future:
+                    pass              # their completion is taken at the wait
+
+
+    def _on_complete(self, fut):
+        self._recorder.complete(self._node)
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        rec = self._recorder
+        if rec is None or self._done:
+            for w in self._works:
+                w.wait() if not timeout else w.wait(timeout)
+            return True
+        # c10d's own blocking calls (async_op=False) wait right after issuing: one node. A wait
+        # from anywhere else (user code, DDP, functional collectives) is its own point.
+        blocking = sys._getframe(1).f_code.co_filename.endswith(_C10D_FILE)
+        inline, began = rec.wait_begin(self._node, blocking)
+        for w in self._works:
+            w.wait() if not timeout else w.wait(timeout)
+        self._done = True
+        rec.wait_end(self._node, inline, began)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def get_future(self):
+        if len(self._works) == 1:
+            return self._works[0].get_future()
+        outputs = self._outputs
+        return torch.futures.collect_all([w.get_future() for w in self._works]).then(lambda _: outputs)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _flat(nested) -> list[torch.Tensor]:
+    out = []
+    for x in nested:
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        else:
+            out.extend(_flat(x))
+    return out
+
+
+class PrismProcessGroup(dist.ProcessGroup):
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, global_ranks: list[int],
+                 group_id: str, recorder: Recorder | None):
+        super().__init__(rank, size)
+        self._inner = dist.ProcessGroupGloo(dist.PrefixStore("prism_gloo/", store), rank, size, timeout)
+        self._global_ranks = tuple(global_ranks) if global_ranks else tuple(range(size))
+        self._name = group_id
+        self._desc = "undefined"
+        self._recorder = recorder
+
+    # -- identity (c10d requires these from a Python ProcessGroup) -----------------------------
+    def getBackendName(self) -> str:
+        return "prism"
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def inner(self) -> dist.ProcessGroup:
+        return self._inner
+
+    # -- recording -------------------------------------------------------------------------------
+    def _run(self, op: str, inputs, outputs, start, *, peer: int = -1, tag: int = -1, p2p: bool = False):
+        rec = self._recorder
+        if rec is None:
+            works = start()
+            return PrismWork(works, None, -1, outputs, not p2p)
+        ins = _flat(inputs)
+        dtype = str(ins[0].dtype).removeprefix("torch.") if ins else ""
+        global_peer = self._global_ranks[peer] if peer >= 0 else -1
+        p2p_key = None
+        if p2p:
+            me = self._global_ranks[self.rank()]
+            p2p_key = (me, global_peer, tag) if op == "send" else (global_peer, me, tag)
+        node = rec.issue(op, self._name, self._global_ranks, global_peer, _nbytes(ins), dtype, tag, p2p_key)
+        works = start()
+        rec.issued(node)
+        return PrismWork(works, rec, node, outputs, not p2p)
+
+    # -- collectives -----------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        if opts.reduceOp == dist.ReduceOp.PREMUL_SUM:
+            raise _unsupported("allreduce with ReduceOp.PREMUL_SUM", "gloo cannot run it; scale before a SUM")
+        return self._run("allreduce", tensors, tensors, lambda: [self._inner.allreduce(tensors, opts)])
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        return self._run("allreduce_coalesced", tensors, tensors,
+                         lambda: [self._inner.allreduce_coalesced(tensors, opts)])
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        return self._run("broadcast", tensors, tensors, lambda: [self._inner.broadcast(tensors, opts)],
+                         peer=opts.rootRank)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._run("allgather", inputs, output_lists, lambda: [self._inner.allgather(output_lists, inputs, opts)])
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._run("all_gather_single", [input], [output],
+                         lambda: [self._inner._allgather_base(output, input, opts)])
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._run("all_gather_single", inputs, outputs,
+                         lambda: [self._inner._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return self._run("reduce_scatter", input_lists, outputs,
+                         lambda: [self._inner.reduce_scatter(outputs, input_lists, opts)])
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return self._run("reduce_scatter_single", [input], [output],
+                         lambda: [self._inner._reduce_scatter_base(output, input, opts)])
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return self._run("reduce_scatter_single", inputs, outputs,
+                         lambda: [self._inner._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        return self._run("all_to_all_single", [input], [output],
+                         lambda: [self._inner.alltoall_base(output, input, output_splits, input_splits, opts)])
+
+    def alltoall(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        return self._run("alltoall", inputs, outputs, lambda: [self._inner.alltoall(outputs, inputs, opts)])
+
+    def barrier(self, opts=None):
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return self._run("barrier", [], [], lambda: [self._inner.barrier(opts)])
+
+    def scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ScatterOptions()
+        return self._run("scatter", outputs, outputs, lambda: [self._inner.scatter(outputs, input_lists, opts)],
+                         peer=opts.rootRank)
+
+    def gather(self, output_lists, inputs, opts=None):
+        opts = opts if opts is not None else dist.GatherOptions()
+        return self._run("gather", inputs, output_lists, lambda: [self._inner.gather(output_lists, inputs, opts)],
+                         peer=opts.rootRank)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        return self._run("reduce", tensors, tensors, lambda: [self._inner.reduce(tensors, opts)], peer=opts.rootRank)
+
+    # -- point to point --------------------------------------------------------------------------
+    def send(self, tensors, dst: int, tag: int):
+        return self._run("send", tensors, tensors, lambda: [self._inner.send(tensors, dst, tag)], peer=dst, tag=tag,
+                         p2p=True)
+
+    def recv(self, tensors, src: int, tag: int):
+        return self._run("recv", tensors, tensors, lambda: [self._inner.recv(tensors, src, tag)], peer=src, tag=tag,
+                         p2p=True)
+
+    def recv_anysource(self, tensors, tag: int):
+        raise _unsupported("recv from any source", "the trace needs a known peer; name the source rank")
+
+    def monitored_barrier(self, *args, **kwargs):
+        raise _unsupported("monitored_barrier", "use barrier()")

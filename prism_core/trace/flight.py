@@ -1,0 +1,78 @@
+"""Flight record: what each rank is doing with communication right now, readable from outside.
+
+Each rank keeps a tiny memory-mapped file (`flight/<rank>.bin`) with its latest communication
+state — issuing, waiting or idle, and the op, group, sequence number, size and peer — plus its
+group table (`flight/<rank>.groups.json`, rewritten only when a new group is first used). An
+update is one slice store into the map, no system call. When a job hangs or fails, the launcher
+reads every rank's record to name who waits in which op and to spot mismatched collectives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.trace.schema import OPS
+
+IDLE, ISSUING, WAITING = 0, 1, 2
+_STATE_NAMES = {ISSUING: "is issuing", WAITING: "waits in"}
+_FIELDS = 6  # state, op, group, seq, bytes, peer
+
+
+class Flight:
+    def __init__(self, directory: Path, rank: int):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory, self.rank = directory, rank
+        self.mm = np.memmap(directory / f"{rank}.bin", dtype=np.int64, mode="w+", shape=(_FIELDS,))
+        self.mm[:] = (IDLE, 0, -1, -1, 0, -1)
+
+    def set(self, state: int, op: int, group: int, seq: int, nbytes: int, peer: int) -> None:
+        self.mm[:] = (state, op, group, seq, nbytes, peer)
+
+    def idle(self) -> None:
+        self.mm[0] = IDLE
+
+    def groups(self, groups: dict[str, tuple[int, ...]]) -> None:
+        path = self.directory / f"{self.rank}.groups.json"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([list(g) for g in groups.values()]))
+        os.replace(tmp, path)
+
+
+def read_flights(directory: Path, world_size: int) -> dict[int, dict]:
+    """Each rank's current state, for ranks that are issuing or waiting."""
+    out = {}
+    for rank in range(world_size):
+        path = directory / f"{rank}.bin"
+        try:
+            state, op, group, seq, nbytes, peer = (int(v) for v in np.fromfile(path, dtype=np.int64, count=_FIELDS))
+            groups = json.loads((directory / f"{rank}.groups.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if state in _STATE_NAMES and 0 <= group < len(groups):
+            out[rank] = {"state": state, "op": OPS[op], "group": tuple(groups[group]), "seq": seq, "bytes": nbytes,
+                         "peer": peer}
+    return out
+
+
+def explain(flights: dict[int, dict]) -> str:
+    """One paragraph: mismatched collectives first, then where every busy rank stands."""
+    if not flights:
+        return ""
+    lines = []
+    by_call: dict[tuple, dict[int, str]] = {}
+    for rank, f in flights.items():
+        if f["op"] not in ("send", "recv"):
+            by_call.setdefault((f["group"], f["seq"]), {})[rank] = f["op"]
+    for (group, seq), ops in sorted(by_call.items()):
+        if len(set(ops.values())) > 1:
+            calls = ", ".join(f"rank {r} calls {op}" for r, op in sorted(ops.items()))
+            lines.append(f"mismatched collectives on group {list(group)} (call #{seq}): {calls}")
+    for rank, f in sorted(flights.items()):
+        peer = f" with rank {f['peer']}" if f["op"] in ("send", "recv") else ""
+        lines.append(f"rank {rank} {_STATE_NAMES[f['state']]} {f['op']}{peer} #{f['seq']} of group "
+                     f"{list(f['group'])} ({f['bytes']} B)")
+    return "\n".join(lines)

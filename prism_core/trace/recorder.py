@@ -1,0 +1,176 @@
+"""In-process recording of one rank's PrismTrace while the real program runs.
+
+The prism backend calls `issue` / `complete` / `wait_begin` / `wait_end` around every op;
+`prism_core.annotate` calls `push` / `pop`; the runtime calls `iteration_end` after each
+`optimizer.step()`. Each call closes the compute node that ran since the previous point. Rows
+are kept as small Python lists (cheap to append) and turned into columns once, at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.trace.flight import ISSUING, WAITING
+from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE, WAIT
+
+_now = time.perf_counter
+_NCOL = len(COLUMNS)
+_T_START, _T_END = list(COLUMNS).index("t_start"), list(COLUMNS).index("t_end")
+_ASYNC = list(COLUMNS).index("async_")
+
+
+class Recorder:
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.rows: list[list] = []
+        self.groups: dict[str, tuple[int, ...]] = {}   # group name -> global ranks
+        self._group_ids: dict[str, int] = {}
+        self.labels: dict[str, int] = {"": 0}
+        self.dtypes: dict[str, int] = {"": 0}
+        self._stack: list[tuple[int, int, int]] = []
+        self.step = 0
+        self.step_peaks: list[int | None] = []
+        self._mark = _now()
+        self._last_issue: int | None = None   # index of the comm node if it is the latest point
+        self._seq: dict[tuple, int] = defaultdict(int)
+        self.memory = None   # object with peak_bytes() / reset_peak(), when memory is tracked
+        self.flight = None   # trace.flight.Flight, when the launcher watches this rank
+
+    # -- points ------------------------------------------------------------------------------
+    def _close_compute(self, now: float) -> None:
+        label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
+        self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, self._mark, now])
+        self._mark = now
+        self._last_issue = None
+
+    def push(self, label: str, mb: int, chunk: int) -> None:
+        self._close_compute(_now())
+        lid = self.labels.setdefault(label, len(self.labels))
+        self._stack.append((lid, mb, chunk))
+
+    def pop(self) -> None:
+        self._close_compute(_now())
+        if self._stack:
+            self._stack.pop()
+
+    def iteration_end(self) -> None:
+        self._close_compute(_now())
+        if self.memory is not None:
+            self.step_peaks.append(self.memory.peak_bytes())
+            self.memory.reset_peak()
+        else:
+            self.step_peaks.append(None)
+        self.step += 1
+
+    # -- communication -----------------------------------------------------------------------
+    def group_id(self, name: str, ranks: tuple[int, ...]) -> int:
+        gid = self._group_ids.get(name)
+        if gid is None:
+            gid = self._group_ids[name] = len(self._group_ids)
+            self.groups[name] = ranks
+            if self.flight is not None:
+                self.flight.groups(self.groups)
+        return gid
+
+    def issue(self, op: str, group_name: str, ranks: tuple[int, ...], peer: int, nbytes: int, dtype: str,
+              tag: int = -1, p2p_key: tuple | None = None) -> int:
+        """Record an op at the moment it is issued; returns its node index."""
+        now = _now()
+        self._close_compute(now)
+        gid = self.group_id(group_name, ranks)
+        key = (gid,) if p2p_key is None else (gid, *p2p_key)
+        seq = self._seq[key]
+        self._seq[key] = seq + 1
+        did = self.dtypes.setdefault(dtype, len(self.dtypes))
+        label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
+        idx = len(self.rows)
+        code = OP_CODE[op]
+        self.rows.append([COMM, code, gid, peer, nbytes, did, seq, tag, 0, -1, label, mb, chunk, self.step,
+                          now, float("nan")])
+        if self.flight is not None:
+            self.flight.set(ISSUING, code, gid, seq, nbytes, peer)
+        return idx
+
+    def issued(self, idx: int) -> None:
+        """The issue call returned: later time is compute (or the wait) again."""
+        self._mark = _now()
+        self._last_issue = idx
+        if self.flight is not None:
+            self.flight.idle()
+
+    def complete(self, idx: int, when: float | None = None) -> None:
+        """Completion time of an op (from a future callback, on any thread)."""
+        row = self.rows[idx]
+        t = _now() if when is None else when
+        if not row[_T_END] <= t:   # NaN or later: keep the earliest completion seen
+            row[_T_END] = t
+
+    def wait_begin(self, idx: int, blocking: bool) -> tuple[bool, float]:
+        """`blocking`: the wait is part of a blocking call; it joins the comm node if nothing came between."""
+        now = _now()
+        inline = blocking and self._last_issue == idx
+        if not inline:
+            self._close_compute(now)
+        if self.flight is not None:
+            row = self.rows[idx]
+            self.flight.set(WAITING, row[1], row[2], row[6], row[4], row[3])
+        return inline, now
+
+    def wait_end(self, idx: int, inline: bool, began: float) -> None:
+        now = _now()
+        self.complete(idx, now)
+        if self.flight is not None:
+            self.flight.idle()
+        if inline:
+            self._mark = now
+            self._last_issue = None
+            return
+        self.rows[idx][_ASYNC] = 1
+        label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
+        self.rows.append([WAIT, self.rows[idx][1], self.rows[idx][2], -1, 0, 0, -1, -1, 0, idx, label, mb, chunk,
+                          self.step, began, now])
+        self._mark = now
+
+    # -- output ------------------------------------------------------------------------------
+    def columns(self) -> dict[str, np.ndarray]:
+        self._close_compute(_now())
+        if not self.rows:
+            return {name: np.empty(0, dtype) for name, dtype in COLUMNS.items()}
+        table = list(zip(*self.rows))
+        return {name: np.asarray(table[i], dtype=dtype) for i, (name, dtype) in enumerate(COLUMNS.items())}
+
+    def tables(self) -> dict:
+        return {"rank": self.rank, "groups": {n: list(r) for n, r in self.groups.items()},
+                "group_order": list(self._group_ids), "labels": list(self.labels), "dtypes": list(self.dtypes),
+                "step_peaks": self.step_peaks}
+
+    def write_part(self, directory: Path) -> Path:
+        """One file per rank, written atomically; the launcher merges them into the job's store."""
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.rank}.npz"
+        tmp = directory / f".{self.rank}.{os.getpid()}.tmp.npz"
+        np.savez(tmp, tables=np.frombuffer(json.dumps(self.tables()).encode(), dtype=np.uint8), **self.columns())
+        os.replace(tmp, path)
+        return path
+
+
+_active: Recorder | None = None
+
+
+def start(rank: int) -> Recorder:
+    global _active
+    from prism_core import annotations
+
+    _active = Recorder(rank)
+    annotations.set_sink(_active)
+    return _active
+
+
+def active() -> Recorder | None:
+    return _active

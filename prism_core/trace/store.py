@@ -1,0 +1,150 @@
+"""Columnar storage of a job's PrismTrace: one Zarr store, one array per column, ranks concatenated.
+
+Layout of `trace.zarr`: arrays named after the schema's columns, each the concatenation of all
+ranks' nodes in rank order, plus `rank_offsets` [W+1] (rank r's nodes are
+offsets[r]:offsets[r+1]). Attributes hold the name tables (groups with their global ranks,
+labels, dtypes, ops), the schema version and each rank's per-step peak memory. Every chunk
+carries a CRC32C checksum, so corruption is detected on load and reported with the file.
+The store is written to a temporary directory and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.trace.schema import COLUMNS, OPS, SCHEMA_VERSION
+
+STORE_NAME = "trace.zarr"
+CHUNK_ROWS = 1 << 20
+
+
+class TraceError(RuntimeError):
+    """A trace that cannot be loaded or does not hold together; the message names the file or node."""
+
+
+@dataclass
+class Trace:
+    world_size: int
+    columns: dict[str, np.ndarray]
+    offsets: np.ndarray
+    groups: list[tuple[int, ...]]          # group id -> global ranks
+    group_names: list[str]
+    labels: list[str]
+    dtypes: list[str]
+    step_peaks: list[list[int | None]] = field(default_factory=list)
+
+    def rank_slice(self, rank: int) -> slice:
+        return slice(int(self.offsets[rank]), int(self.offsets[rank + 1]))
+
+    def rank(self, rank: int) -> dict[str, np.ndarray]:
+        s = self.rank_slice(rank)
+        return {name: col[s] for name, col in self.columns.items()}
+
+    def num_nodes(self, rank: int) -> int:
+        return int(self.offsets[rank + 1] - self.offsets[rank])
+
+
+def _read_part(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+    try:
+        with np.load(path) as data:
+            tables = json.loads(bytes(data["tables"]).decode())
+            cols = {name: data[name] for name in COLUMNS}
+    except Exception as err:  # noqa: BLE001 - any failure reading a part is reported the same way
+        raise TraceError(f"trace part {path} cannot be read: {err}") from None
+    return cols, tables
+
+
+def merge_parts(parts_dir: Path, world_size: int) -> Trace:
+    """Combine the per-rank files the ranks left behind into one job trace (global name tables)."""
+    group_ids: dict[str, int] = {}
+    groups: list[tuple[int, ...]] = []
+    labels: dict[str, int] = {}
+    dtypes: dict[str, int] = {}
+    per_rank, peaks = [], []
+    for rank in range(world_size):
+        path = parts_dir / f"{rank}.npz"
+        if not path.exists():
+            raise TraceError(f"rank {rank} left no trace ({path})")
+        cols, tables = _read_part(path)
+        gmap = np.empty(max(len(tables["group_order"]), 1), dtype=np.int32)
+        for local, name in enumerate(tables["group_order"]):
+            if name not in group_ids:
+                group_ids[name] = len(groups)
+                groups.append(tuple(tables["groups"][name]))
+            gmap[local] = group_ids[name]
+        lmap = np.array([labels.setdefault(s, len(labels)) for s in tables["labels"]], dtype=np.int16)
+        dmap = np.array([dtypes.setdefault(s, len(dtypes)) for s in tables["dtypes"]], dtype=np.int16)
+        has_group = cols["group"] >= 0
+        cols["group"] = np.where(has_group, gmap[np.where(has_group, cols["group"], 0)], -1).astype(np.int32)
+        cols["label"] = lmap[cols["label"]]
+        cols["dtype"] = dmap[cols["dtype"]]
+        per_rank.append(cols)
+        peaks.append(tables["step_peaks"])
+    offsets = np.zeros(world_size + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(c["kind"]) for c in per_rank])
+    columns = {name: np.concatenate([c[name] for c in per_rank]).astype(dtype, copy=False)
+               for name, dtype in COLUMNS.items()}
+    return Trace(world_size=world_size, columns=columns, offsets=offsets, groups=groups,
+                 group_names=list(group_ids), labels=list(labels), dtypes=list(dtypes), step_peaks=peaks)
+
+
+def write_trace(trace: Trace, path: Path) -> Path:
+    import zarr
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    root = zarr.open_group(str(tmp), mode="w")
+    codecs = [ZstdCodec(level=3), Crc32cCodec()]
+    arrays = dict(trace.columns, rank_offsets=trace.offsets)
+    for name, values in arrays.items():
+        chunk = max(1, min(CHUNK_ROWS, len(values)))
+        arr = root.create_array(name, shape=values.shape, dtype=values.dtype, chunks=(chunk,), compressors=codecs)
+        if len(values):
+            arr[:] = values
+    root.attrs.update({
+        "schema_version": SCHEMA_VERSION, "world_size": trace.world_size, "ops": list(OPS),
+        "groups": [{"name": n, "ranks": list(g)} for n, g in zip(trace.group_names, trace.groups)],
+        "labels": trace.labels, "dtypes": trace.dtypes, "step_peaks": trace.step_peaks,
+    })
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return path
+
+
+def load_trace(path: Path) -> Trace:
+    """Load a job's trace; TraceError naming the file on anything missing or corrupt."""
+    import zarr
+
+    path = Path(path)
+    if not (path / "zarr.json").is_file():
+        raise TraceError(f"no trace store at {path} (missing {path / 'zarr.json'})")
+    try:
+        root = zarr.open_group(str(path), mode="r")
+        attrs = dict(root.attrs)
+    except Exception as err:  # noqa: BLE001
+        raise TraceError(f"trace store metadata {path / 'zarr.json'} cannot be read: {err}") from None
+    if attrs.get("schema_version") != SCHEMA_VERSION:
+        raise TraceError(f"{path / 'zarr.json'}: schema version {attrs.get('schema_version')!r}, "
+                         f"this PrismLLM reads {SCHEMA_VERSION}")
+    columns = {}
+    for name in (*COLUMNS, "rank_offsets"):
+        try:
+            columns[name] = root[name][:]
+        except Exception as err:  # noqa: BLE001
+            raise TraceError(f"trace column {path / name} is missing or corrupt: {type(err).__name__}: {err}") \
+                from None
+    offsets = columns.pop("rank_offsets")
+    if len(offsets) != attrs["world_size"] + 1 or offsets[-1] != len(columns["kind"]):
+        raise TraceError(f"{path / 'rank_offsets'} does not match the columns ({len(columns['kind'])} nodes)")
+    return Trace(world_size=attrs["world_size"], columns=columns, offsets=offsets,
+                 groups=[tuple(g["ranks"]) for g in attrs["groups"]], group_names=[g["name"] for g in attrs["groups"]],
+                 labels=attrs["labels"], dtypes=attrs["dtypes"], step_peaks=attrs.get("step_peaks", []))
