@@ -177,6 +177,33 @@ def _flights(job: _Job) -> str:
     return f"\ncommunication in flight:\n{text}" if text else ""
 
 
+class _MismatchWatch:
+    """Reads the ranks' flight records every second; reports a collective mismatch seen twice in a row.
+
+    Ranks blocked in different ops at the same call of the same group can never proceed, so the
+    job is stopped at once instead of at job.timeout_s. Two consecutive sightings guard against
+    reading a record while it is being rewritten.
+    """
+
+    def __init__(self, spec: LaunchSpec, every_s: float = 1.0):
+        self.spec, self.every_s = spec, every_s
+        self.next_check = time.monotonic() + every_s
+        self.seen: set[str] = set()
+
+    def check(self) -> str | None:
+        if time.monotonic() < self.next_check or not (self.spec.run_dir / "flight").is_dir():
+            return None
+        from prism_core.trace.flight import explain, read_flights
+
+        self.next_check = time.monotonic() + self.every_s
+        text = explain(read_flights(self.spec.run_dir / "flight", self.spec.world_size))
+        lines = {line for line in text.splitlines() if line.startswith("mismatched")}
+        if lines & self.seen:
+            return text
+        self.seen = lines
+        return None
+
+
 def _results(run_dir: Path, world_size: int) -> dict[int, dict]:
     out = {}
     for rank in range(world_size):
@@ -228,6 +255,7 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
     try:
         job.start(port)
         deadline = time.monotonic() + spec.timeout_s
+        watch = _MismatchWatch(spec)
         while True:
             codes = {r: p.poll() for r, p in enumerate(job.procs)}
             echo.pump()
@@ -238,6 +266,9 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
                 raise err
             if all(c == 0 for c in codes.values()):
                 break
+            mismatch = watch.check()
+            if mismatch:
+                raise LaunchError(f"ranks called mismatched collectives and can never proceed:\n{mismatch}")
             if time.monotonic() > deadline:
                 running = [r for r, c in codes.items() if c is None]
                 raise LaunchError(f"timed out after {spec.timeout_s:g} s (job.timeout_s); ranks still running: "

@@ -79,13 +79,13 @@ def _p2p(df: pd.DataFrame) -> list[str]:
     send = df[df.op == OP_CODE["send"]].rename(columns={"rank": "src", "peer": "dst"})
     recv = df[df.op == OP_CODE["recv"]].rename(columns={"rank": "dst", "peer": "src"})
     keys = ["group", "src", "dst", "tag", "seq"]
-    merged = send.merge(recv, on=keys, how="outer", suffixes=("_s", "_r"), indicator=True)
+    merged = send.merge(recv, on=keys, how="outer", suffixes=("_s", "_r"), indicator="matched")
     out = []
-    for row in merged[merged._merge != "both"].itertuples():
-        side = "send" if row._merge == "left_only" else "recv"
+    for row in merged[merged.matched != "both"].itertuples():   # (itertuples renames a "_merge" field)
+        side = "send" if row.matched == "left_only" else "recv"
         other = "recv" if side == "send" else "send"
         out.append(f"{side} #{row.seq} from rank {row.src} to rank {row.dst} (tag {row.tag}) has no matching {other}")
-    both = merged[(merged._merge == "both") & (merged.bytes_s != merged.bytes_r)]
+    both = merged[(merged.matched == "both") & (merged.bytes_s != merged.bytes_r)]
     for row in both.itertuples():
         out.append(f"send #{row.seq} from rank {row.src} to rank {row.dst} carries {row.bytes_s} B "
                    f"but the recv expects {row.bytes_r} B")

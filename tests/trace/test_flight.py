@@ -1,0 +1,80 @@
+"""Flight record: per-rank communication state read from outside, and the hang explanation."""
+
+from __future__ import annotations
+
+from prism_core.trace.flight import IDLE, ISSUING, WAITING, Flight, explain, read_flights
+from prism_core.trace.recorder import Recorder
+from prism_core.trace.schema import OP_CODE
+
+WORLD = (0, 1, 2, 3)
+
+
+def test_mismatched_collectives_named(tmp_path):
+    flights = [Flight(tmp_path, r) for r in range(4)]
+    # ranks know the groups in different orders: the record must map ids through each rank's table
+    flights[0].groups({"world": WORLD, "tp": (0, 1)})
+    flights[1].groups({"tp": (0, 1), "world": WORLD})
+    flights[2].groups({"world": WORLD})
+    flights[3].groups({"world": WORLD})
+    flights[0].set(WAITING, OP_CODE["allreduce"], 0, 5, 4096, -1)
+    flights[1].set(WAITING, OP_CODE["broadcast"], 1, 5, 4096, 0)
+    flights[2].set(ISSUING, OP_CODE["allreduce"], 0, 5, 4096, -1)
+    flights[3].set(WAITING, OP_CODE["allreduce"], 0, 4, 4096, -1)
+    flights[3].idle()                                  # done: not reported
+
+    read = read_flights(tmp_path, 4)
+    assert sorted(read) == [0, 1, 2]
+    assert read[1] == {"state": WAITING, "op": "broadcast", "group": WORLD, "seq": 5, "bytes": 4096, "peer": 0}
+    text = explain(read)
+    lines = text.splitlines()
+    assert lines[0] == ("mismatched collectives on group [0, 1, 2, 3] (call #5): rank 0 calls allreduce, "
+                        "rank 1 calls broadcast, rank 2 calls allreduce")
+    assert lines[1:] == [
+        "rank 0 waits in allreduce #5 of group [0, 1, 2, 3] (4096 B)",
+        "rank 1 waits in broadcast #5 of group [0, 1, 2, 3] (4096 B)",
+        "rank 2 is issuing allreduce #5 of group [0, 1, 2, 3] (4096 B)",
+    ]
+    assert "rank 3" not in text
+
+
+def test_matching_collectives_and_p2p(tmp_path):
+    flights = [Flight(tmp_path, r) for r in range(3)]
+    for f in flights:
+        f.groups({"world": (0, 1, 2)})
+    flights[0].set(WAITING, OP_CODE["allreduce"], 0, 2, 64, -1)
+    flights[1].set(WAITING, OP_CODE["allreduce"], 0, 2, 64, -1)
+    flights[2].set(WAITING, OP_CODE["recv"], 0, 0, 8, 1)
+    text = explain(read_flights(tmp_path, 3))
+    assert "mismatched" not in text
+    assert text.splitlines()[-1] == "rank 2 waits in recv with rank 1 #0 of group [0, 1, 2] (8 B)"
+
+
+def test_idle_missing_and_unknown_group_are_omitted(tmp_path):
+    a, b = Flight(tmp_path, 0), Flight(tmp_path, 1)
+    a.groups({"world": (0, 1, 2)})
+    b.groups({"world": (0, 1, 2)})
+    b.set(WAITING, OP_CODE["allreduce"], 3, 0, 8, -1)   # a group id the rank's table lacks
+    # rank 0: idle from the start; rank 1: bad group; rank 2: no files at all
+    assert read_flights(tmp_path, 3) == {}
+    assert explain({}) == ""
+
+
+def test_recorder_drives_the_flight(tmp_path):
+    flights_dir = tmp_path / "flight"
+    rec = Recorder(1)
+    rec.flight = Flight(flights_dir, 1)
+    assert read_flights(flights_dir, 2) == {}          # no group table yet
+    idx = rec.issue("allreduce", "world", (0, 1), -1, 128, "float32")
+    assert read_flights(flights_dir, 2)[1]["state"] == ISSUING
+    rec.issued(idx)
+    assert rec.flight.mm[0] == IDLE and read_flights(flights_dir, 2) == {}
+    inline, began = rec.wait_begin(idx, blocking=True)
+    assert read_flights(flights_dir, 2) == {1: {"state": WAITING, "op": "allreduce", "group": (0, 1), "seq": 0,
+                                                "bytes": 128, "peer": -1}}
+    rec.wait_end(idx, inline, began)
+    assert read_flights(flights_dir, 2) == {}
+    # a second group is added to the table the launcher reads
+    idx = rec.issue("send", "pp", (1, 3), 3, 16, "float32", 4, (1, 3, 4))
+    rec.issued(idx)
+    rec.wait_begin(idx, blocking=True)
+    assert explain(read_flights(flights_dir, 2)) == "rank 1 waits in send with rank 3 #0 of group [1, 3] (16 B)"
