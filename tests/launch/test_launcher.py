@@ -11,80 +11,24 @@ processes, nor any other process running the script, may exist.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-import yaml
 
 from prism_core import cli
 from prism_core.config import load_config
 from prism_core.launch import LaunchError
 from prism_core.record import record
 
+from tests.jobs import WORLD, assert_nothing_left
+from tests.jobs import make_job as _job
+
 PRISM = Path(sys.executable).with_name("prism")
-WORLD = 2
-
-# Prepended to every script: record this rank's pid before anything slow happens.
-PREAMBLE = """\
-import os, sys, time, json, signal
-from pathlib import Path
-PIDS = Path({pids!r})
-PIDS.mkdir(parents=True, exist_ok=True)
-(PIDS / os.environ["RANK"]).write_text(str(os.getpid()))
-import torch
-import torch.distributed as dist
-"""
-
-
-def _job(tmp_path: Path, body: str, *, name: str = "job", iterations: int = 2, warmup: int = 1,
-         **job: object) -> tuple[Path, Path]:
-    """Write script `<name>.py` and config `<name>.yaml` under tmp_path; return (config, script)."""
-    script = tmp_path / f"{name}.py"
-    script.write_text(PREAMBLE.format(pids=str(tmp_path / "pids")) + textwrap.dedent(body))
-    raw = {"name": name, "job": {"program": str(script), "world_size": WORLD, "iterations": iterations,
-                                 "warmup": warmup, **job}}
-    config = tmp_path / f"{name}.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    return config, script
-
-
-def _leftovers(tmp_path: Path, script: Path) -> list[str]:
-    """Processes of this launch still present: the pids the ranks wrote, and anything running the script."""
-    left = []
-    for pid_file in sorted((tmp_path / "pids").glob("*")):
-        pid = int(pid_file.read_text())
-        try:
-            proc = psutil.Process(pid)
-            status, cmdline = proc.status(), proc.cmdline()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-        except psutil.AccessDenied:
-            status, cmdline = "?", []
-        # A zombie has an empty command line; a recycled pid runs something else entirely.
-        if status == psutil.STATUS_ZOMBIE or not cmdline or str(script) in cmdline:
-            left.append(f"rank {pid_file.name}: pid {pid} ({status})")
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if str(script) in (proc.info["cmdline"] or []) and proc.pid != os.getpid():
-            left.append(f"pid {proc.pid}: {' '.join(proc.info['cmdline'])}")
-    return left
-
-
-def assert_nothing_left(tmp_path: Path, script: Path, expect_pids: int | None = None) -> None:
-    """No rank process of this launch exists any more (waiting up to 2 s for the kernel to finish)."""
-    if expect_pids is not None:
-        assert len(list((tmp_path / "pids").glob("*"))) == expect_pids, "a rank did not write its pid file"
-    deadline = time.monotonic() + 2.0
-    while (left := _leftovers(tmp_path, script)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not left, f"processes left running: {left}"
 
 
 # ----------------------------------------------------------------------------------------------
