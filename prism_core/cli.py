@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from prism_core.config import ConfigError, PrismConfig, load_config
 from prism_core.launch import LaunchError
 from prism_core.metrics import MetricsError
+from prism_core.trace import TraceError
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -24,32 +26,49 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="run the job for real at full world size (Stage 0) and measure every rank")
     _add_common(rec)
+    rec.add_argument("--force", action="store_true", help="launch even if the world looks too large for this machine")
     return parser
 
 
 def _summary(cfg: PrismConfig, document: dict, out: Path) -> str:
     ranks = document["ranks"]
-    times = [r["iteration_time_s"] for r in ranks.values()]
+    times = [r["iteration_time_s"] for r in ranks.values() if r["iteration_time_s"] is not None]
     lines = [f"{cfg.name}: {document['mode']} run of {document['world_size']} ranks, "
              f"{cfg.job.iterations - cfg.job.warmup} measured steps per rank"]
     if len(ranks) <= 16:
-        lines.append("rank  iteration_time_s")
-        lines += [f"{r:>4}  {m['iteration_time_s']:16.4f}" for r, m in ranks.items()]
-    lines += [f"iteration time median over ranks {statistics.median(times):.4f} s "
-              f"(min {min(times):.4f}, max {max(times):.4f})",
-              f"metrics: {out / 'metrics.json'}"]
+        lines.append("rank  iteration_time_s  peak_memory_bytes  oom")
+        for r, m in ranks.items():
+            t = "-" if m["iteration_time_s"] is None else f"{m['iteration_time_s']:.4f}"
+            peak = "-" if m["peak_memory_bytes"] is None else str(m["peak_memory_bytes"])
+            lines.append(f"{r:>4}  {t:>16}  {peak:>17}  {'yes' if m['oom'] else 'no'}")
+    if times:
+        lines.append(f"iteration time median over ranks {statistics.median(times):.4f} s "
+                     f"(min {min(times):.4f}, max {max(times):.4f})")
+    if "oom" in document:
+        o = document["oom"]
+        lines.append(f"OUT OF MEMORY: rank(s) {o['ranks']} at step {o['step']} ({o['message']})")
+    lines.append(f"metrics: {out / 'metrics.json'}")
     return "\n".join(lines)
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)  # so `finally` blocks stop the ranks
     try:
         cfg = load_config(args.config, args.overrides)
         out = args.out or Path("artifacts") / cfg.name / args.command
         if args.command == "record":
-            from prism_core.record import record
+            from prism_core.record import RecordOptions, record
 
-            document = record(cfg, out)
+            document = record(cfg, out, options=RecordOptions(force=args.force))
         print(_summary(cfg, document, out))
         return 0
     except ConfigError as err:
@@ -58,9 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, MetricsError) as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (TraceError, OSError) as err:
+        print(f"prism {args.command} failed: {err}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, _Terminated):
         print("prism: interrupted; all rank processes were stopped", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main_exit() -> None:

@@ -67,6 +67,7 @@ class ModelConfig(_Strict):
     tie_embeddings: bool = False
     attention: Literal["sdpa", "naive"] = "sdpa"
     recompute: bool = False
+    optimizer: Literal["adam", "sgd"] = "adam"
     lr: float = Field(3e-3, gt=0)
 
     @property
@@ -88,7 +89,7 @@ class ParallelConfig(_Strict):
 class EmulationConfig(_Strict):
     slots: int = Field(2, ge=1, description="K: rank processes running at once")
     sandbox: int = Field(1, ge=1, description="S: real ranks per slice")
-    ranks_of_interest: list[int] = Field(default_factory=lambda: [0])
+    ranks_of_interest: list[int] = Field(default_factory=lambda: [0], min_length=1)
     collect_mode: Literal["context_switch", "rules"] = "context_switch"
 
 
@@ -128,6 +129,15 @@ def _job_problems(cfg: PrismConfig) -> list[str]:
                    f"(valid: 0..{job.world_size - 1})")
     if len(set(emu.ranks_of_interest)) != len(emu.ranks_of_interest):
         out.append("emulation.ranks_of_interest: lists a rank twice")
+    if emu.sandbox > job.world_size:
+        out.append(f"emulation.sandbox: {emu.sandbox} sandbox ranks exceed the world of {job.world_size} ranks")
+    if not job.is_builtin:
+        stray = sorted({"model", "parallel"} & cfg.model_fields_set)
+        if stray:
+            out.append(f"{stray[0]}: model and parallel settings only shape the built-in workloads; a script "
+                       f"({job.program}) takes its own arguments through job.args — remove the {stray[0]} section")
+    elif job.args:
+        out.append("job.args: the built-in workload takes no arguments; set its model and parallel keys instead")
     if emu.sandbox > emu.slots:
         out.append(f"emulation.sandbox: {emu.sandbox} sandbox ranks do not fit on emulation.slots={emu.slots}; "
                    f"lower emulation.sandbox or raise emulation.slots")

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism_core.config import PrismConfig
+from prism_core.config import ConfigError, PrismConfig
 from prism_core.launch import LaunchError, LaunchSpec, launch
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.metrics import metrics_document, rank_metrics, write_metrics
@@ -26,6 +26,23 @@ class RecordOptions:
     instrument: bool = True   # False: plain gloo, no trace, no memory (the overhead baseline)
     memory: bool = True
     echo: bool = True
+    force: bool = False       # launch even when the world looks too large for this machine
+
+
+# resident memory of one CPU rank process with torch loaded, measured here: ~0.2-0.3 GiB
+RANK_PROCESS_BYTES = 300 * 2**20
+
+
+def check_fits(world_size: int) -> None:
+    """Refuse a real run that cannot fit this machine's memory (a 1,024-rank record would swap it to death)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    need = world_size * RANK_PROCESS_BYTES
+    if need > available:
+        raise ConfigError(f"job.world_size: recording {world_size} ranks for real needs about {need / 2**30:.0f} GiB "
+                          f"({RANK_PROCESS_BYTES >> 20} MiB per rank process) but {available / 2**30:.0f} GiB is "
+                          "available: too large to run for real here (pass --force to try anyway)")
 
 
 def _launch_spec(cfg: PrismConfig, out_dir: Path, opts: RecordOptions) -> LaunchSpec:
@@ -44,9 +61,8 @@ def _launch_spec(cfg: PrismConfig, out_dir: Path, opts: RecordOptions) -> Launch
 def _peak(result: dict, warmup: int) -> int | None:
     peaks = result.get("step_peaks") or []
     measured = [p for p in peaks[warmup:] if p is not None]
-    oom = result.get("oom") or {}
-    if oom.get("peak_bytes") is not None:
-        measured.append(oom["peak_bytes"])
+    if result.get("peak_at_exit") is not None:
+        measured.append(result["peak_at_exit"])
     return max(measured) if measured else None
 
 
@@ -57,6 +73,8 @@ def record(cfg: PrismConfig, out_dir: Path, echo: bool = True, options: RecordOp
     `out_dir/results/`, rank output in `out_dir/logs/`, the merged trace in `out_dir/trace.zarr`.
     """
     opts = options or RecordOptions(echo=echo)
+    if not opts.force:
+        check_fits(cfg.job.world_size)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.json").unlink(missing_ok=True)  # a failed rerun must not leave an old result behind
@@ -85,13 +103,15 @@ def _record_oom(cfg: PrismConfig, out_dir: Path, err: LaunchError) -> dict:
     for rank in range(cfg.job.world_size):
         res = err.results.get(rank, {})
         times = res.get("step_times_s", [])[warmup:]
+        oom = res.get("oom")
         entry = {"iteration_time_s": statistics.median(times) if times else None, "step_times_s": times,
-                 "peak_memory_bytes": _peak(res, warmup), "oom": rank == err.rank}
-        if rank == err.rank:
-            entry["oom_step"] = err.error["oom"]["step"]
+                 "peak_memory_bytes": _peak(res, warmup), "oom": bool(oom)}
+        if oom:
+            entry["oom_step"] = oom["step"]
         ranks[rank] = entry
     document = metrics_document("real", cfg.job.world_size, ranks)
-    document["oom"] = {"rank": err.rank, "step": err.error["oom"]["step"],
+    oom_ranks = sorted(r for r, e in ranks.items() if e["oom"])
+    document["oom"] = {"ranks": oom_ranks, "step": min(ranks[r]["oom_step"] for r in oom_ranks),
                        "message": err.error["traceback"].strip().splitlines()[-1]}
     write_metrics(out_dir / "metrics.json", document)
     return document

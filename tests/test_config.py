@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from prism_core.config import ConfigError, PrismConfig, config_from_dict, load_config
+from prism_core.config import ConfigError, PrismConfig, config_from_dict, load_config, parse_override
 from prism_core.topology import Topology
 
 BASE: dict[str, Any] = {"name": "t", "job": {"world_size": 2}}
@@ -206,11 +206,15 @@ def test_list_override_of_ints(tmp_path: Path) -> None:
     assert load_config(path, ["emulation.ranks_of_interest=2"]).emulation.ranks_of_interest == [2]
 
 
-def test_list_override_of_strings(tmp_path: Path) -> None:
-    path = _write(tmp_path, BASE)
-    assert load_config(path, ["job.args=--a,--b"]).job.args == ["--a", "--b"]
+def test_list_override_of_strings() -> None:
+    assert parse_override("job.args=--a,--b") == ("job.args", ["--a", "--b"])
     # numbers and YAML booleans in a list of strings stay text
-    assert load_config(path, ["job.args=--steps,10,on,--lr=0.1"]).job.args == ["--steps", "10", "on", "--lr=0.1"]
+    assert parse_override("job.args=--steps,10,on,--lr=0.1") == ("job.args", ["--steps", "10", "on", "--lr=0.1"])
+
+
+def test_builtin_takes_no_script_args(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="job.args:"):
+        load_config(_write(tmp_path, BASE), ["job.args=--a"])
 
 
 def test_string_override_stays_text(tmp_path: Path) -> None:
@@ -315,9 +319,9 @@ def test_script_skips_builtin_model_checks(tmp_path: Path, monkeypatch) -> None:
                          {"program": "scripts/train.py", "world_size": 3, "args": ["--steps", "5"]})
     cfg = load_config(path)
     assert cfg.job.world_size == 3 and cfg.job.args == ["--steps", "5"]
-    # a layout that the built-in workload would reject is not checked for a script
-    cfg = load_config(path, ["parallel.tp=2", "model.num_layers=3"])
-    assert cfg.parallel.tp == 2 and cfg.parallel.dp is None
+    # model and parallel shape only the built-in workload: a script config must not carry them
+    with pytest.raises(ConfigError, match="parallel: model and parallel settings only shape"):
+        load_config(path, ["parallel.tp=2"])
     with pytest.raises(ConfigError, match="job.world_size:"):
         load_config(path, ["parallel.tp=2", "job.program=builtin:moe_gpt"])
 

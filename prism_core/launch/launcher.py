@@ -50,6 +50,14 @@ class LaunchSpec:
     echo_rank: int | None = None  # stream this rank's output to our stdout, as progress
 
 
+def _store_backend() -> dict:
+    """The libuv store accepts a handed-over socket only from torch 2.8; older releases use the classic one."""
+    import torch
+
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return {} if (major, minor) >= (2, 8) else {"use_libuv": False}
+
+
 def _listening_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -96,8 +104,8 @@ class _Job:
             self.procs.append(proc)
 
     def kill(self) -> None:
-        if self.pgid is None:
-            return
+        if self.pgid is None or all(p.poll() is not None for p in self.procs):
+            return  # nothing left to stop (and the group id may already be reused)
         for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(self.pgid, sig)
@@ -156,7 +164,7 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
             continue
     recorded = {e["rank"] for e in errors}
     abrupt = sorted(r for r in failed if r not in recorded)  # exited ranks: their error file is final
-    flights = _flights(job)
+    flights = _flights(job) + _early_exits(job, failed)
     if errors and not abrupt:
         first = min(errors, key=lambda e: e["time"])
         rank = first["rank"]
@@ -167,6 +175,15 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
     return LaunchError(f"rank {rank} {how}; last output:\n{_tail(job.log_path(rank))}\n"
                        f"(log: {job.log_path(rank)}){flights}", rank=rank)
+
+
+def _early_exits(job: _Job, failed: dict[int, int]) -> str:
+    """Ranks that finished (status 0) while peers still expected them: a common cause of peer errors."""
+    done = [r for r, p in enumerate(job.procs) if r not in failed and p.poll() == 0]
+    if not done:
+        return ""
+    return (f"\nnote: rank(s) {done} had already exited with status 0 while other ranks were still "
+            "communicating; a program whose ranks run different numbers of collectives fails this way")
 
 
 def _flights(job: _Job) -> str:
@@ -248,7 +265,7 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
     sock = _listening_socket()
     port = sock.getsockname()[1]
     store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=spec.timeout_s),
-                          wait_for_workers=False, master_listen_fd=sock.fileno())
+                          wait_for_workers=False, master_listen_fd=sock.fileno(), **_store_backend())
     sock.detach()  # the store owns the listening socket now and closes it itself
     job = _Job(spec)
     echo = _Echo(job.log_path(spec.echo_rank) if spec.echo_rank is not None else None, spec.echo_rank)

@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     result = rt.as_dict()
     if rec is not None:
         result["step_peaks"] = rec.step_peaks
+        if failure is not None and rec.memory is not None:
+            result["peak_at_exit"] = rec.memory.peak_bytes()  # within the step that did not finish
         rec.write_part(ns.result_dir / "trace_parts")
     if failure is not None:
         result["oom"] = failure.get("oom")

@@ -1,4 +1,4 @@
-"""Gradient reduction and Adam, Megatron-style, inside one `optimizer.step()`.
+"""Gradient reduction and the update (Adam or SGD), Megatron-style, inside one `optimizer.step()`.
 
 Before the update: QK-norm gradients are summed over TP, tied embedding gradients over the
 embedding group (first and last pipeline stage). Then either
@@ -8,7 +8,9 @@ embedding group (first and last pipeline stage). Then either
     each rank updates its shard of the flat parameter buffer (optimizer state sharded too) and
     the updated shards are all-gathered back into the model.
 Both divide by the full DP size (expert gradients gather the tokens of dp/edp ranks through the
-all-to-all). The Adam update is written out elementwise so both modes compute the same values.
+all-to-all). The update is written out elementwise so both modes compute the same values; SGD
+(no state, update proportional to the gradient) makes any gradient-scale error visible in the
+losses, which Adam's scale invariance would hide.
 Putting all of this inside `step()` makes the iteration boundary (the global optimizer
 post-step hook) fall after the parameter all-gather, where Megatron's step ends too.
 """
@@ -61,11 +63,13 @@ class _Bucket:
         return -(-self.numel // self.group_size)
 
 
-class MegatronAdam(torch.optim.Optimizer):
-    def __init__(self, params, state, lr: float, distributed: bool, betas=(0.9, 0.95), eps: float = 1e-8):
+class MegatronOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, state, lr: float, distributed: bool, kind: str = "adam", betas=(0.9, 0.95),
+                 eps: float = 1e-8):
         params = [p for p in params if p.requires_grad]
         self.model_params = params
         self.distributed = distributed
+        self.kind = kind
         self.dp = state.topo.dp
         self.tp_group, self.emb_group = state.group("tp"), state.group("embedding")
         dense = [p for p in params if not getattr(p, "expert_param", False)]
@@ -131,6 +135,9 @@ class MegatronAdam(torch.optim.Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
+                if self.kind == "sgd":
+                    p.add_(p.grad, alpha=-group["lr"])
+                    continue
                 st = self.state[p]
                 if not st:
                     st["step"], st["exp_avg"], st["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)

@@ -13,7 +13,7 @@ from prism_core.topology import Topology
 from prism_core.workloads.moe_gpt import parallel_state
 from prism_core.workloads.moe_gpt.data import DataPath
 from prism_core.workloads.moe_gpt.model import ModelChunk
-from prism_core.workloads.moe_gpt.optimizer import MegatronAdam
+from prism_core.workloads.moe_gpt.optimizer import MegatronOptimizer
 from prism_core.workloads.moe_gpt.schedule import PipelineExecutor
 
 
@@ -34,7 +34,7 @@ def main(cfg) -> None:
     chunks = [ModelChunk(cfg, state, c, aux_scale=m.moe_aux_loss_coeff / par.microbatches)
               for c in range(par.vpp)]
     params = [p for chunk in chunks for p in chunk.parameters()]
-    optimizer = MegatronAdam(params, state, m.lr, distributed=par.distributed_optimizer)
+    optimizer = MegatronOptimizer(params, state, m.lr, distributed=par.distributed_optimizer, kind=m.optimizer)
     executor = PipelineExecutor(state, chunks, (m.micro_batch_size, m.seq_length, m.hidden_size),
                                 par.microbatches, overlap=par.overlap_p2p)
     last_stage = state.coord.pp == topo.pp - 1

@@ -37,6 +37,11 @@ CASES = {
         "parallel.distributed_optimizer=true"]),
     "pp2-tied-recompute-no-overlap-naive": ("tiny_moe_w2_pp2.yaml", [
         "model.tie_embeddings=true", "model.recompute=true", "parallel.overlap_p2p=false", "model.attention=naive"]),
+    # SGD: any error in gradient scale (DP averaging, expert-DP, TP or embedding sums) changes the losses
+    "sgd-w4-pp2-vpp2-dp2-ep2-distopt-tied": ("tiny_moe_w2_pp2.yaml", [
+        "job.world_size=4", "parallel.dp=2", "parallel.ep=2", "parallel.vpp=2", "parallel.microbatches=4",
+        "parallel.distributed_optimizer=true", "model.tie_embeddings=true", "model.optimizer=sgd", "model.lr=2.0"]),
+    "sgd-tp2": ("tiny_moe_w2_tp2.yaml", ["model.optimizer=sgd", "model.lr=2.0"]),
 }
 
 

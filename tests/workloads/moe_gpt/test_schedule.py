@@ -92,3 +92,29 @@ def test_simulation_detects_a_deadlocking_order():
     # the first stage waiting for gradients before sending any activation can never proceed
     bad_first = [s for s in orders[0] if s.kind == "B"] + [s for s in orders[0] if s.kind == "F"]
     assert not _simulate([bad_first, orders[1]], 2, 1)
+
+
+def _text(order):
+    return " ".join(f"{s.kind}{s.chunk}.{s.mb}" for s in order)
+
+
+def test_interleaved_order_pinned_to_megatron_for_pp2_vpp2_m4():
+    # Megatron's forward_backward_pipelining_with_interleaving, written out by hand
+    assert _text(pipeline_order(2, 2, 4, 0)) == (
+        "F0.0 F0.1 F1.0 F1.1 F0.2 B1.0 F0.3 B1.1 F1.2 B0.0 F1.3 B0.1 B1.2 B1.3 B0.2 B0.3")
+    assert _text(pipeline_order(2, 2, 4, 1)) == (
+        "F0.0 F0.1 F1.0 B1.0 F1.1 B1.1 F0.2 B0.0 F0.3 B0.1 F1.2 B1.2 F1.3 B1.3 B0.2 B0.3")
+
+
+@pytest.mark.parametrize("pp,vpp,m", [(2, 2, 4), (4, 2, 8), (2, 3, 6), (4, 3, 8)])
+def test_interleaved_steady_state_starts_right_after_warmup(pp, vpp, m):
+    for rank in range(pp):
+        order = pipeline_order(pp, vpp, m, rank)
+        warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp, m * vpp)
+        if warmup < m * vpp:
+            assert [s.kind for s in order[warmup:warmup + 2]] == ["F", "B"]
+
+
+def test_1f1b_order_pinned_for_pp4_m6():
+    assert _text(pipeline_order(4, 1, 6, 0)) == "F0.0 F0.1 F0.2 F0.3 B0.0 F0.4 B0.1 F0.5 B0.2 B0.3 B0.4 B0.5"
+    assert _text(pipeline_order(4, 1, 6, 3)) == "F0.0 B0.0 F0.1 B0.1 F0.2 B0.2 F0.3 B0.3 F0.4 B0.4 F0.5 B0.5"
