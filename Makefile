@@ -6,12 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-all install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml native_nccl/cpu_alloc/counting_allocator.cpp
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel of torch first, pinned: a bare or open-ended torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
+	# the native counting allocator (exact peak memory), built once ahead of the rank processes
+	$(BIN)/python -m prism_core.memory.native --build
 	touch $(STAMP)
 
 install: $(STAMP)
