@@ -3,8 +3,7 @@
 `install()` registers the "prism" backend with c10d and wraps c10d's single choke point for
 creating process groups (`_new_process_group_helper`, used by `init_process_group`, `new_group`
 and device meshes), so that whatever backend the program asks for — "gloo", "nccl" on a CPU
-run, or none — the group is a PrismProcessGroup. The program's own view (`get_backend()`)
-keeps the name it asked for.
+run, or none — the group is a PrismProcessGroup (`get_backend()` then answers "prism").
 """
 
 from __future__ import annotations

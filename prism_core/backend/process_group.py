@@ -12,7 +12,9 @@ program's `wait()` are timed. An op prism cannot serve raises an error naming it
 from __future__ import annotations
 
 import datetime
+import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,6 +23,7 @@ from prism_core.trace.recorder import Recorder
 
 
 _C10D_FILE = "distributed_c10d.py"
+_SETTLE_S = 0.005
 
 
 class UnsupportedOpError(RuntimeError):
@@ -32,37 +35,50 @@ def _unsupported(op: str, why: str) -> UnsupportedOpError:
 
 
 class PrismWork(dist.Work):
-    """Work of one op: gloo's work(s), plus the trace node whose wait and completion it times."""
+    """Work of one op: gloo's work(s), plus the trace node whose wait and completion it times.
 
-    def __init__(self, works: list, recorder: Recorder | None, node: int, outputs, collective: bool):
+    `watch` holds the op's tensors with their reference counts from before the issue. gloo's
+    worker thread keeps its own reference to a finished op for a moment after `wait()` returns;
+    if the program dropped the tensor meanwhile, it would be freed on that thread at a time that
+    depends on scheduling, and peak memory would vary between runs. After a blocking wait the
+    work therefore lets go of gloo's handles and waits (briefly, bounded) until the references
+    are back to where they were, so the free happens at the same point of the program every time.
+    """
+
+    def __init__(self, works: list, recorder: Recorder | None, node: int, outputs, collective: bool,
+                 watch: list | None = None):
         super().__init__()
         self._works, self._recorder, self._node = works, recorder, node
         self._outputs = outputs
+        self._watch = watch
         self._done = False
         if recorder is not None and collective:
             for w in works:
-                try:
-                    w.get_future().then(self._on_complete)
+                try:  # the callback holds the recorder and an int, never this work or its tensors
+                    w.get_future().then(lambda _fut, rec=recorder, node=node: rec.complete(node))
                 except RuntimeError:  # some gloo works (reduce_scatter_single) have no future:
                     pass              # their completion is taken at the wait
 
-
-    def _on_complete(self, fut):
-        self._recorder.complete(self._node)
+    def _settle(self) -> None:
+        self._works = []
+        deadline = time.perf_counter() + _SETTLE_S
+        while any(t._use_count() > n for t, n in self._watch) and time.perf_counter() < deadline:
+            os.sched_yield()
+        self._watch = None
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         rec = self._recorder
         if rec is None or self._done:
-            for w in self._works:
-                w.wait() if not timeout else w.wait(timeout)
+            _wait_all(self._works, timeout)
             return True
         # c10d's own blocking calls (async_op=False) wait right after issuing: one node. A wait
         # from anywhere else (user code, DDP, functional collectives) is its own point.
         blocking = sys._getframe(1).f_code.co_filename.endswith(_C10D_FILE)
         inline, began = rec.wait_begin(self._node, blocking)
-        for w in self._works:
-            w.wait() if not timeout else w.wait(timeout)
+        _wait_all(self._works, timeout)
         self._done = True
+        if inline and self._watch:
+            self._settle()
         rec.wait_end(self._node, inline, began)
         return True
 
@@ -74,6 +90,12 @@ class PrismWork(dist.Work):
             return self._works[0].get_future()
         outputs = self._outputs
         return torch.futures.collect_all([w.get_future() for w in self._works]).then(lambda _: outputs)
+
+
+def _wait_all(works: list, timeout) -> None:
+    # a function of its own, so no loop variable keeps the last gloo work alive in the caller
+    for w in works:
+        w.wait() if not timeout else w.wait(timeout)
 
 
 def _nbytes(tensors) -> int:
@@ -127,6 +149,10 @@ class PrismProcessGroup(dist.ProcessGroup):
             works = start()
             return PrismWork(works, None, -1, outputs, not p2p)
         ins = _flat(inputs)
+        watch = None
+        if not p2p:  # collectives run on gloo's worker threads (p2p work is held by the caller only)
+            tensors = {id(t): t for t in ins + _flat(outputs)}.values()
+            watch = [(t, t._use_count()) for t in tensors]
         dtype = str(ins[0].dtype).removeprefix("torch.") if ins else ""
         global_peer = self._global_ranks[peer] if peer >= 0 else -1
         p2p_key = None
@@ -136,7 +162,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         node = rec.issue(op, self._name, self._global_ranks, global_peer, _nbytes(ins), dtype, tag, p2p_key)
         works = start()
         rec.issued(node)
-        return PrismWork(works, rec, node, outputs, not p2p)
+        return PrismWork(works, rec, node, outputs, not p2p, watch)
 
     # -- collectives -----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):

@@ -4,6 +4,7 @@ Each rank sees different (seeded) data; rank 0 prints `loss <step> <repr(loss)>`
 """
 import argparse
 import json
+import time
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,10 @@ def main():
     if rank == 0 and args.losses_out:
         with open(args.losses_out, "w") as f:
             json.dump(losses, f)
+    # torch 2.13 + gloo: a collective launched inside backward holds a Python object that a gloo
+    # worker thread frees (needing the GIL) after the op completes; if the interpreter is already
+    # exiting, the process aborts ("terminate called without an active exception"). Let it drain.
+    time.sleep(0.2)
     dist.destroy_process_group()
 
 

@@ -4,6 +4,7 @@
 """
 import argparse
 import json
+import time
 
 import torch
 import torch.distributed as dist
@@ -53,6 +54,9 @@ def main():
     if last and args.losses_out:
         with open(args.losses_out, "w") as f:
             json.dump(losses, f)
+    # Same teardown guard as ddp.py / tp_fsdp_mesh.py: let gloo's worker threads release their
+    # last ops (which may need the GIL) before the interpreter exits (torch 2.13 abort-at-exit race).
+    time.sleep(0.2)
     dist.destroy_process_group()
 
 

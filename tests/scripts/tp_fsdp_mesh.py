@@ -4,6 +4,7 @@ TP via parallelize_module (Colwise/Rowwise) on "tp", fully_shard on "dp"; rank 0
 """
 import argparse
 import json
+import time
 
 import torch
 import torch.distributed as dist
@@ -60,6 +61,10 @@ def main():
     if rank == 0 and args.losses_out:
         with open(args.losses_out, "w") as f:
             json.dump(losses, f)
+    # torch 2.13 + gloo: a collective launched inside backward holds a Python object that a gloo
+    # worker thread frees (needing the GIL) after the op completes; if the interpreter is already
+    # exiting, the process aborts ("terminate called without an active exception"). Let it drain.
+    time.sleep(0.2)
     dist.destroy_process_group()
 
 
