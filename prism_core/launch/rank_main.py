@@ -11,6 +11,7 @@ out-of-memory error, the step.
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import importlib
 import json
@@ -92,8 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     runtime.write_json_atomic(ns.result_dir / "results" / f"{rank}.json", result)
     if failure is not None:
         _fail(ns.result_dir, rank, failure)
+    # Run the program's atexit handlers, then leave without interpreter finalisation: with gloo, a
+    # worker thread still releasing the last backward's work at that moment aborts the process
+    # ("terminate called without an active exception") after the job has succeeded.
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(0)
 
 
 def _instrument(rank: int, result_dir: Path, rt):
