@@ -1,5 +1,8 @@
 # `make demo` and `make test` work on a fresh clone: the venv is created on first use.
 PY ?= python3
+# Elsewhere than these machines (where pip finds the CPU wheel locally), point pip at the CPU build:
+#   make TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" test
+TORCH_PIP_ARGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -10,7 +13,7 @@ $(STAMP): pyproject.toml native_nccl/cpu_alloc/counting_allocator.cpp
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel of torch first, pinned: a bare or open-ended torch would pull a multi-GB CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet $(TORCH_PIP_ARGS) torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	# the native counting allocator (exact peak memory), built once ahead of the rank processes
 	$(BIN)/python -m prism_core.memory.native --build
