@@ -15,17 +15,25 @@ from prism_core.backend.process_group import PrismProcessGroup
 from prism_core.trace.recorder import Recorder
 
 BACKEND_NAME = "prism"
-_state: dict = {"installed": False, "recorder": None}
+_state: dict = {"installed": False, "recorder": None, "transport": None}
 
 
 def _create(opts, backend_options) -> PrismProcessGroup:
-    return PrismProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout,
-                             list(opts.global_ranks_in_group), opts.group_id, _state["recorder"])
+    ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+    factory = _state["transport"]
+    inner = factory(opts.group_id, tuple(ranks), opts.group_rank) if factory is not None else None
+    return PrismProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks, opts.group_id,
+                             _state["recorder"], inner=inner)
 
 
-def install(recorder: Recorder | None = None) -> None:
-    """Register the backend and route every new process group to it (idempotent)."""
+def install(recorder: Recorder | None = None, transport=None) -> None:
+    """Register the backend and route every new process group to it (idempotent).
+
+    `transport(group_name, global_ranks, group_rank)` makes the object that moves the data, with
+    ProcessGroupGloo's method names; None means a real ProcessGroupGloo.
+    """
     _state["recorder"] = recorder
+    _state["transport"] = transport
     if _state["installed"]:
         return
     if BACKEND_NAME.upper() not in dist.Backend._plugins:

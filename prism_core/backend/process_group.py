@@ -114,9 +114,12 @@ def _flat(nested) -> list[torch.Tensor]:
 
 class PrismProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, global_ranks: list[int],
-                 group_id: str, recorder: Recorder | None):
+                 group_id: str, recorder: Recorder | None, inner=None):
         super().__init__(rank, size)
-        self._inner = dist.ProcessGroupGloo(dist.PrefixStore("prism_gloo/", store), rank, size, timeout)
+        if inner is None:
+            inner = dist.ProcessGroupGloo(dist.PrefixStore("prism_gloo/", store), rank, size, timeout)
+        self._inner = inner
+        self._gloo = isinstance(inner, dist.ProcessGroupGloo)
         self._global_ranks = tuple(global_ranks) if global_ranks else tuple(range(size))
         self._name = group_id
         self._desc = "undefined"
@@ -147,10 +150,10 @@ class PrismProcessGroup(dist.ProcessGroup):
         rec = self._recorder
         if rec is None:
             works = start()
-            return PrismWork(works, None, -1, outputs, not p2p)
+            return PrismWork(works, None, -1, outputs, not p2p and self._gloo)
         ins = _flat(inputs)
         watch = None
-        if not p2p:  # collectives run on gloo's worker threads (p2p work is held by the caller only)
+        if not p2p and self._gloo:  # gloo runs collectives on worker threads (p2p work is the caller's only)
             tensors = {id(t): t for t in ins + _flat(outputs)}.values()
             watch = [(t, t._use_count()) for t in tensors]
         dtype = str(ins[0].dtype).removeprefix("torch.") if ins else ""
@@ -162,7 +165,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         node = rec.issue(op, self._name, self._global_ranks, global_peer, _nbytes(ins), dtype, tag, p2p_key)
         works = start()
         rec.issued(node)
-        return PrismWork(works, rec, node, outputs, not p2p, watch)
+        return PrismWork(works, rec, node, outputs, not p2p and self._gloo, watch)
 
     # -- collectives -----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):

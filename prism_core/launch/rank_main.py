@@ -63,17 +63,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
-
     _die_with_launcher()
+    run_rank(ns.program, args, ns.result_dir)
+
+
+def run_rank(program: str, args: list[str], result_dir: Path, transport=None) -> None:
+    """Run one rank to the end and leave the process (never returns).
+
+    `transport`: the backend's inner transport factory; None is gloo (record mode), collection
+    passes its coordinator transport.
+    """
     import torch
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     rt = runtime.install(rank)
-    rec = _instrument(rank, ns.result_dir, rt) if os.environ.get(ENV_INSTRUMENT) == "1" else None
+    instrument = os.environ.get(ENV_INSTRUMENT) == "1" or transport is not None
+    rec = _instrument(rank, result_dir, rt, transport) if instrument else None
     failure = None
     try:
-        _run_program(ns.program, args)
+        _run_program(program, args)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             failure = {"traceback": f"the program called sys.exit({exc.code!r})\n"}
@@ -87,23 +96,25 @@ def main(argv: list[str] | None = None) -> None:
         result["step_peaks"] = rec.step_peaks
         if failure is not None and rec.memory is not None:
             result["peak_at_exit"] = rec.memory.peak_bytes()  # within the step that did not finish
-        rec.write_part(ns.result_dir / "trace_parts")
+        rec.write_part(result_dir / "trace_parts")
     if failure is not None:
         result["oom"] = failure.get("oom")
-    runtime.write_json_atomic(ns.result_dir / "results" / f"{rank}.json", result)
+    runtime.write_json_atomic(result_dir / "results" / f"{rank}.json", result)
     if failure is not None:
-        _fail(ns.result_dir, rank, failure)
+        _fail(result_dir, rank, failure)
     # Run the program's atexit handlers, then leave without interpreter finalisation: with gloo, a
     # worker thread still releasing the last backward's work at that moment aborts the process
     # ("terminate called without an active exception") after the job has succeeded.
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
+    if transport is not None:
+        transport.finish_process()   # results are on disk: the coordinator may count this rank done
     os._exit(0)
 
 
-def _instrument(rank: int, result_dir: Path, rt):
-    """Record mode: the prism backend with a trace recorder, flight record, memory counter."""
+def _instrument(rank: int, result_dir: Path, rt, transport=None):
+    """The prism backend with a trace recorder and flight record, and (record mode) the memory counter."""
     from prism_core import backend
     from prism_core.trace import recorder
     from prism_core.trace.flight import Flight
@@ -118,7 +129,7 @@ def _instrument(rank: int, result_dir: Path, rt):
         memory.set_limit(int(limit) if limit else None)
         memory.reset_peak()
         rec.memory = memory
-    backend.install(rec)
+    backend.install(rec, transport)
     rt.on_step = rec.iteration_end
     return rec
 

@@ -1,0 +1,115 @@
+"""Stage 1 by context switching: the bare graph of a W-rank job on K slots (paper §5.2, Appendix A).
+
+Every logical rank runs the real, unmodified program (so value-dependent control flow is
+followed with real values), forked from a zygote; at most K of them run at once under the
+coordinator; collectives execute on the CPU when all their inputs are in. Each rank records
+its PrismTrace structure as in `prism record`; the parts are merged, validated and stored as
+`trace.zarr`. Timing in this graph is meaningless (ranks wait for slots); Stage 2 fills it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prism_core.collect.client import ENV_SOCKET
+from prism_core.collect.coordinator import CollectError, Coordinator
+from prism_core.config import PrismConfig
+from prism_core.runtime import write_json_atomic
+from prism_core.trace import STORE_NAME, Trace, merge_parts, validate, write_trace
+
+
+@dataclass
+class CollectResult:
+    trace: Trace
+    path: Path
+    wall_s: float
+    switches: int
+
+
+def _first_error(run_dir: Path) -> str | None:
+    errors = []
+    for path in (run_dir / "errors").glob("*.json"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not errors:
+        return None
+    first = min(errors, key=lambda e: e["time"])
+    return f"rank {first['rank']} failed:\n{first['traceback'].rstrip()}"
+
+
+def collect_context_switch(cfg: PrismConfig, out_dir: Path, slots: int | None = None) -> CollectResult:
+    import torch.distributed as dist
+
+    slots = slots or cfg.emulation.slots
+    world = cfg.job.world_size
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for sub in ("results", "errors", "trace_parts", "flight", "logs"):
+        shutil.rmtree(out_dir / sub, ignore_errors=True)
+    config_path = out_dir / "config.json"
+    write_json_atomic(config_path, cfg.model_dump(mode="json"))
+
+    sock_dir = Path(tempfile.mkdtemp(prefix="prism-collect-"))   # Unix socket paths must be short
+    listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listen.bind(("127.0.0.1", 0))
+    listen.listen(1024)
+    port = listen.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
+                          wait_for_workers=False, master_listen_fd=listen.fileno())
+    listen.detach()
+    coordinator = Coordinator(str(sock_dir / "coord.sock"), world, slots)
+    env = dict(os.environ, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world),
+               GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PRISM_LAUNCHER_PID=str(os.getpid()),
+               PRISM_CONFIG=str(config_path.resolve()), PRISM_INSTRUMENT="1", PRISM_MEMORY="0",
+               **{ENV_SOCKET: str(sock_dir / "coord.sock")})
+    cmd = [sys.executable, "-m", "prism_core.collect.zygote", "--world", str(world), "--program", cfg.job.program,
+           "--result-dir", str(out_dir), "--", *cfg.job.args]
+    start = time.monotonic()
+    zygote = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=open(out_dir / "zygote.log", "wb"),
+                              stderr=subprocess.STDOUT, process_group=0)
+
+    def alive() -> None:
+        if zygote.poll() not in (None, 0) or (out_dir / "errors").is_dir() and any((out_dir / "errors").iterdir()):
+            time.sleep(0.2)
+            raise CollectError(_first_error(out_dir) or f"the zygote exited with status {zygote.returncode}; "
+                               f"see {out_dir / 'zygote.log'}")
+
+    try:
+        try:
+            coordinator.serve(cfg.job.timeout_s, alive)
+        except CollectError as err:
+            detail = _first_error(out_dir) if "disconnected" in str(err) else None
+            raise CollectError(detail or str(err)) from None
+        zygote.wait(timeout=max(5.0, cfg.job.timeout_s - (time.monotonic() - start)))
+        if zygote.returncode != 0:
+            raise CollectError(_first_error(out_dir) or f"the zygote exited with status {zygote.returncode}")
+    finally:
+        coordinator.abort("collection stopped")
+        if zygote.poll() != 0:   # failure or still running: take down the zygote and every rank it forked
+            try:
+                os.killpg(zygote.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        zygote.wait(timeout=10)
+        coordinator.close()
+        del store
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    wall = time.monotonic() - start
+    trace = merge_parts(out_dir / "trace_parts", world)
+    validate(trace)
+    path = write_trace(trace, out_dir / STORE_NAME)
+    return CollectResult(trace=trace, path=path, wall_s=wall, switches=coordinator.switches)
