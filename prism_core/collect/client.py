@@ -93,7 +93,9 @@ class CollectWork(dist.Work):
         return fut
 
 
+@torch.no_grad()
 def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> list[torch.Tensor]:
+    # like a backend writing into the buffers it was given (they may be leaves that require grad)
     for d, s in zip(dst, src):
         d.copy_(s.reshape(d.shape))
     return dst
