@@ -10,6 +10,7 @@ from pathlib import Path
 
 from prism_core.config import ConfigError, PrismConfig, load_config
 from prism_core.launch import LaunchError
+from prism_core.collect.coordinator import CollectError
 from prism_core.metrics import MetricsError
 from prism_core.trace import TraceError
 
@@ -27,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("record", help="run the job for real at full world size (Stage 0) and measure every rank")
     _add_common(rec)
     rec.add_argument("--force", action="store_true", help="launch even if the world looks too large for this machine")
+    col = sub.add_parser("collect", help="Stage 1: the bare execution graph of all W ranks on K slots")
+    _add_common(col)
+    col.add_argument("--slots", type=int, default=None, help="K, rank processes running at once "
+                     "(default: emulation.slots)")
     return parser
 
 
@@ -51,6 +56,17 @@ def _summary(cfg: PrismConfig, document: dict, out: Path) -> str:
     return "\n".join(lines)
 
 
+def _collect(cfg: PrismConfig, root: Path, slots: int | None) -> str:
+    from prism_core.collect.stage import collect
+
+    out = collect(cfg, root, slots)
+    nodes = int(out.trace.offsets[-1])
+    how = ("reused (inputs unchanged)" if out.reused else
+           f"collected in {out.wall_s:.1f} s with {slots or cfg.emulation.slots} slots, {out.switches} swaps")
+    return (f"{cfg.name}: bare graph of {cfg.job.world_size} ranks, {nodes} nodes, valid; {how}\n"
+            f"graph: {out.directory / 'trace.zarr'}")
+
+
 class _Terminated(Exception):
     pass
 
@@ -65,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         out = args.out or Path("artifacts") / cfg.name / args.command
-        if args.command == "record":
-            from prism_core.record import RecordOptions, record
+        if args.command == "collect":
+            print(_collect(cfg, out, args.slots))
+            return 0
+        from prism_core.record import RecordOptions, record
 
-            document = record(cfg, out, options=RecordOptions(force=args.force))
+        document = record(cfg, out, options=RecordOptions(force=args.force))
         print(_summary(cfg, document, out))
         return 0
     except ConfigError as err:
@@ -77,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, MetricsError) as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
-    except (TraceError, OSError) as err:
+    except (TraceError, OSError, CollectError) as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated):

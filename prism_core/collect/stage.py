@@ -1,0 +1,69 @@
+"""The collect stage as the pipeline sees it: inputs hashed into the output directory, reuse on rerun.
+
+The bare graph depends on the program (its source), its arguments and the config keys that
+shape what it runs (job world size, steps and seed; model; parallel; the collection mode),
+not on slots, timeouts or ranks of interest. Those inputs are hashed; the graph lives in
+`<root>/<hash>/` and a rerun with the same inputs returns it without running anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from prism_core.collect.context_switch import collect_context_switch
+from prism_core.config import ConfigError, PrismConfig
+from prism_core.runtime import write_json_atomic
+from prism_core.trace import STORE_NAME, Trace, load_trace
+
+_WORKLOAD_DIR = Path(__file__).resolve().parents[1] / "workloads"
+DONE = "collect.json"
+
+
+def _program_digest(cfg: PrismConfig) -> str:
+    h = hashlib.sha256()
+    if cfg.job.is_builtin:
+        name = cfg.job.program.split(":", 1)[1]
+        for path in sorted((_WORKLOAD_DIR / name).rglob("*.py")):
+            h.update(path.relative_to(_WORKLOAD_DIR).as_posix().encode())
+            h.update(path.read_bytes())
+    else:
+        h.update(Path(cfg.job.program).read_bytes())
+    return h.hexdigest()
+
+
+def input_key(cfg: PrismConfig) -> str:
+    job = cfg.job.model_dump(mode="json", exclude={"timeout_s", "device_memory_bytes"})
+    job["program"] = cfg.job.program if cfg.job.is_builtin else Path(cfg.job.program).name
+    shaped = {"job": job, "model": cfg.model.model_dump(mode="json"), "parallel": cfg.parallel.model_dump(mode="json"),
+              "collect_mode": cfg.emulation.collect_mode, "program_source": _program_digest(cfg)}
+    return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class CollectOutput:
+    directory: Path
+    key: str
+    reused: bool
+    trace: Trace
+    wall_s: float | None = None
+    switches: int | None = None
+
+
+def collect(cfg: PrismConfig, root: Path, slots: int | None = None) -> CollectOutput:
+    """The bare graph of `cfg`'s job under `root/<input hash>/`, collected now or reused."""
+    key = input_key(cfg)
+    directory = Path(root) / key
+    done = directory / DONE
+    if done.is_file() and (directory / STORE_NAME).is_dir():
+        return CollectOutput(directory, key, True, load_trace(directory / STORE_NAME))
+    if cfg.emulation.collect_mode != "context_switch":
+        raise ConfigError(f"emulation.collect_mode: {cfg.emulation.collect_mode!r} is not built yet; "
+                               "use context_switch")
+    result = collect_context_switch(cfg, directory, slots=slots)
+    write_json_atomic(done, {"key": key, "world_size": cfg.job.world_size, "slots": slots or cfg.emulation.slots,
+                             "wall_s": result.wall_s, "switches": result.switches,
+                             "nodes": int(result.trace.offsets[-1])})
+    return CollectOutput(directory, key, False, result.trace, result.wall_s, result.switches)
