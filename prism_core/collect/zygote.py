@@ -68,13 +68,18 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 os._exit(1)   # run_rank leaves with os._exit itself; this only catches a broken start
         children[pid] = rank
-    status = 0
     while children:
         pid, code = os.wait()
         rank = children.pop(pid, None)
         if rank is not None and code != 0:
-            status = 1
-    sys.exit(status)
+            # one rank failed: the others may wait forever for it; stop them all and report
+            for other in children:
+                try:
+                    os.kill(other, 9)
+                except ProcessLookupError:
+                    pass
+            sys.exit(1)
+    sys.exit(0)
 
 
 if __name__ == "__main__":
