@@ -59,6 +59,8 @@ class ModelConfig(_Strict):
     num_experts: int = Field(4, ge=1)
     moe_router_topk: int = Field(2, ge=1)
     moe_aux_loss_coeff: float = Field(1e-2, ge=0)
+    moe_router: Literal["learned", "balanced"] = Field(
+        "learned", description="balanced: round-robin expert choice, data-independent all-to-all sizes")
     seq_length: int = Field(32, ge=2)
     micro_batch_size: int = Field(2, ge=1)
     rope_theta: float = Field(10000.0, gt=0)
@@ -91,6 +93,7 @@ class EmulationConfig(_Strict):
     sandbox: int = Field(1, ge=1, description="S: real ranks per slice")
     ranks_of_interest: list[int] = Field(default_factory=lambda: [0], min_length=1)
     collect_mode: Literal["context_switch", "rules"] = "context_switch"
+    rules: list[str] = Field(default_factory=list, description="extra tensor rules, as module:function")
 
 
 class PrismConfig(_Strict):

@@ -1,10 +1,13 @@
-"""Stage 1 by context switching: the bare graph of a W-rank job on K slots (paper §5.2, Appendix A).
+"""Stage 1: the bare graph of a W-rank job on K slots (paper §5.2, Appendices A-C).
 
-Every logical rank runs the real, unmodified program (so value-dependent control flow is
-followed with real values), forked from a zygote; at most K of them run at once under the
-coordinator; collectives execute on the CPU when all their inputs are in. Each rank records
-its PrismTrace structure as in `prism record`; the parts are merged, validated and stored as
-`trace.zarr`. Timing in this graph is meaningless (ranks wait for slots); Stage 2 fills it.
+Context switching: every logical rank runs the real, unmodified program (so value-dependent
+control flow is followed with real values), forked from a zygote; at most K of them run at once
+under the coordinator; collectives execute on the CPU when all their inputs are in.
+Rules: each collected rank runs alone against a fake world, K processes at a time, with
+collective outputs from tensor rules (`rules.py`); for the built-in workloads only one DP
+replica runs and its graph is expanded to all W ranks (`dedup.py`). Either way each rank
+records its PrismTrace structure as in `prism record`; the parts are merged, validated and
+stored as `trace.zarr`. Timing in this graph is meaningless; Stage 2 fills it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,16 @@ from pathlib import Path
 
 from prism_core.collect.client import ENV_SOCKET
 from prism_core.collect.coordinator import CollectError, Coordinator
+from prism_core.collect.dedup import expand_replica
+from prism_core.collect.local import ENV_RULES
+from prism_core.topology import Topology
+from prism_core.workloads.moe_gpt.rules import RULES as MOE_GPT_RULES
 from prism_core.config import PrismConfig
 from prism_core.runtime import write_json_atomic
 from prism_core.trace import STORE_NAME, Trace, merge_parts, validate, write_trace
+
+
+BUILTIN_RULES = {"builtin:moe_gpt": MOE_GPT_RULES}
 
 
 @dataclass
@@ -50,10 +60,26 @@ def _first_error(run_dir: Path) -> str | None:
     return f"rank {first['rank']} failed:\n{first['traceback'].rstrip()}"
 
 
+def _dedup_ranks(cfg: PrismConfig) -> list[int] | None:
+    """One DP replica's ranks when the topology is known (built-in workloads) and dp > 1."""
+    if not cfg.job.is_builtin or (cfg.parallel.dp or 1) == 1:
+        return None
+    return sorted(Topology.from_config(cfg).replica_ranks(0))
+
+
 def collect_context_switch(cfg: PrismConfig, out_dir: Path, slots: int | None = None) -> CollectResult:
+    """Every rank real, K at a time, collectives on the CPU (paper §5.2)."""
+    return _collect(cfg, out_dir, slots or cfg.emulation.slots, "context_switch")
+
+
+def collect_rules(cfg: PrismConfig, out_dir: Path, slots: int | None = None) -> CollectResult:
+    """Every collected rank alone against a fake world, K at a time; one DP replica, then expanded."""
+    return _collect(cfg, out_dir, slots or cfg.emulation.slots, "rules")
+
+
+def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectResult:
     import torch.distributed as dist
 
-    slots = slots or cfg.emulation.slots
     world = cfg.job.world_size
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -61,6 +87,7 @@ def collect_context_switch(cfg: PrismConfig, out_dir: Path, slots: int | None = 
         shutil.rmtree(out_dir / sub, ignore_errors=True)
     config_path = out_dir / "config.json"
     write_json_atomic(config_path, cfg.model_dump(mode="json"))
+    ranks = _dedup_ranks(cfg) if mode == "rules" else None
 
     sock_dir = Path(tempfile.mkdtemp(prefix="prism-collect-"))   # Unix socket paths must be short
     listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -70,14 +97,18 @@ def collect_context_switch(cfg: PrismConfig, out_dir: Path, slots: int | None = 
     store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
                           wait_for_workers=False, master_listen_fd=listen.fileno())
     listen.detach()
-    coordinator = Coordinator(str(sock_dir / "coord.sock"), world, slots)
+    coordinator = Coordinator(str(sock_dir / "coord.sock"), world, slots) if mode == "context_switch" else None
+    rules = list(cfg.emulation.rules) + (BUILTIN_RULES.get(cfg.job.program, []) if cfg.job.is_builtin else [])
     env = dict(os.environ, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world),
                GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PRISM_LAUNCHER_PID=str(os.getpid()),
                PRISM_CONFIG=str(config_path.resolve()), PRISM_INSTRUMENT="1", PRISM_MEMORY="0",
-               **{ENV_SOCKET: str(sock_dir / "coord.sock")})
+               **{ENV_SOCKET: str(sock_dir / "coord.sock"), ENV_RULES: ",".join(rules)})
     cmd = [sys.executable, "-m", "prism_core.collect.zygote", "--world", str(world), "--program", cfg.job.program,
-           "--result-dir", str(out_dir), "--", *cfg.job.args]
+           "--result-dir", str(out_dir), "--mode", mode]
+    if mode == "rules":
+        cmd += ["--concurrency", str(slots)] + (["--ranks", ",".join(map(str, ranks))] if ranks else [])
+    cmd += ["--", *cfg.job.args]
     start = time.monotonic()
     zygote = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=open(out_dir / "zygote.log", "wb"),
                               stderr=subprocess.STDOUT, process_group=0)
@@ -89,27 +120,38 @@ def collect_context_switch(cfg: PrismConfig, out_dir: Path, slots: int | None = 
                                f"see {out_dir / 'zygote.log'}")
 
     try:
-        try:
-            coordinator.serve(cfg.job.timeout_s, alive)
-        except CollectError as err:
-            detail = _first_error(out_dir) if "disconnected" in str(err) else None
-            raise CollectError(detail or str(err)) from None
-        zygote.wait(timeout=max(5.0, cfg.job.timeout_s - (time.monotonic() - start)))
+        if coordinator is not None:
+            try:
+                coordinator.serve(cfg.job.timeout_s, alive)
+            except CollectError as err:
+                detail = _first_error(out_dir) if "disconnected" in str(err) else None
+                raise CollectError(detail or str(err)) from None
+        deadline = start + cfg.job.timeout_s
+        while zygote.poll() is None:
+            alive()
+            if time.monotonic() > deadline:
+                raise CollectError(f"collection timed out after {cfg.job.timeout_s:g} s (job.timeout_s)")
+            time.sleep(0.1)
         if zygote.returncode != 0:
             raise CollectError(_first_error(out_dir) or f"the zygote exited with status {zygote.returncode}")
     finally:
-        coordinator.abort("collection stopped")
+        if coordinator is not None:
+            coordinator.abort("collection stopped")
         if zygote.poll() != 0:   # failure or still running: take down the zygote and every rank it forked
             try:
                 os.killpg(zygote.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         zygote.wait(timeout=10)
-        coordinator.close()
+        if coordinator is not None:
+            coordinator.close()
         del store
         shutil.rmtree(sock_dir, ignore_errors=True)
     wall = time.monotonic() - start
-    trace = merge_parts(out_dir / "trace_parts", world)
+    trace = merge_parts(out_dir / "trace_parts", world, ranks)
+    if ranks is not None:
+        trace = expand_replica(trace, Topology.from_config(cfg))
     validate(trace)
     path = write_trace(trace, out_dir / STORE_NAME)
-    return CollectResult(trace=trace, path=path, wall_s=wall, switches=coordinator.switches)
+    switches = coordinator.switches if coordinator is not None else len(ranks or range(world))
+    return CollectResult(trace=trace, path=path, wall_s=wall, switches=switches)

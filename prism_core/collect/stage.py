@@ -1,7 +1,8 @@
 """The collect stage as the pipeline sees it: inputs hashed into the output directory, reuse on rerun.
 
 The bare graph depends on the program (its source), its arguments and the config keys that
-shape what it runs (job world size, steps and seed; model; parallel; the collection mode),
+shape what it runs (job world size, steps and seed; model; parallel; the collection mode and
+its rules),
 not on slots, timeouts or ranks of interest. Those inputs are hashed; the graph lives in
 `<root>/<hash>/` and a rerun with the same inputs returns it without running anything.
 """
@@ -13,8 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism_core.collect.context_switch import collect_context_switch
-from prism_core.config import ConfigError, PrismConfig
+from prism_core.collect.context_switch import collect_context_switch, collect_rules
+from prism_core.config import PrismConfig
 from prism_core.runtime import write_json_atomic
 from prism_core.trace import STORE_NAME, Trace, load_trace
 
@@ -38,7 +39,8 @@ def input_key(cfg: PrismConfig) -> str:
     job = cfg.job.model_dump(mode="json", exclude={"timeout_s", "device_memory_bytes"})
     job["program"] = cfg.job.program if cfg.job.is_builtin else Path(cfg.job.program).name
     shaped = {"job": job, "model": cfg.model.model_dump(mode="json"), "parallel": cfg.parallel.model_dump(mode="json"),
-              "collect_mode": cfg.emulation.collect_mode, "program_source": _program_digest(cfg)}
+              "collect_mode": cfg.emulation.collect_mode, "rules": list(cfg.emulation.rules),
+              "program_source": _program_digest(cfg)}
     return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -59,10 +61,8 @@ def collect(cfg: PrismConfig, root: Path, slots: int | None = None) -> CollectOu
     done = directory / DONE
     if done.is_file() and (directory / STORE_NAME).is_dir():
         return CollectOutput(directory, key, True, load_trace(directory / STORE_NAME))
-    if cfg.emulation.collect_mode != "context_switch":
-        raise ConfigError(f"emulation.collect_mode: {cfg.emulation.collect_mode!r} is not built yet; "
-                               "use context_switch")
-    result = collect_context_switch(cfg, directory, slots=slots)
+    run = collect_rules if cfg.emulation.collect_mode == "rules" else collect_context_switch
+    result = run(cfg, directory, slots=slots)
     write_json_atomic(done, {"key": key, "world_size": cfg.job.world_size, "slots": slots or cfg.emulation.slots,
                              "wall_s": result.wall_s, "switches": result.switches,
                              "nodes": int(result.trace.offsets[-1])})

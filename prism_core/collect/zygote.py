@@ -32,7 +32,7 @@ def _preload(program: str) -> None:
         importlib.import_module(BUILTIN_MODULES[program])
 
 
-def _child(rank: int, program: str, args: list[str], result_dir: Path) -> None:
+def _child(rank: int, program: str, args: list[str], result_dir: Path, mode: str) -> None:
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank),
                        "PRISM_LAUNCHER_PID": str(os.getppid())})
     log = os.open(result_dir / "logs" / f"rank_{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -42,9 +42,11 @@ def _child(rank: int, program: str, args: list[str], result_dir: Path) -> None:
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     _die_with_launcher()
-    from prism_core.collect.client import CoordinatorTransport
-
-    run_rank(program, args, result_dir, transport=CoordinatorTransport)
+    if mode == "rules":
+        from prism_core.collect.local import RulesTransport as transport
+    else:
+        from prism_core.collect.client import CoordinatorTransport as transport
+    run_rank(program, args, result_dir, transport=transport)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--program", required=True)
     parser.add_argument("--result-dir", type=Path, required=True)
+    parser.add_argument("--mode", choices=("context_switch", "rules"), default="context_switch")
+    parser.add_argument("--ranks", default=None, help="comma-separated ranks to run (default: all)")
+    parser.add_argument("--concurrency", type=int, default=None, help="ranks alive at once (default: all)")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -59,16 +64,19 @@ def main(argv: list[str] | None = None) -> None:
     _preload(ns.program)
     (ns.result_dir / "logs").mkdir(parents=True, exist_ok=True)
     os.environ["PRISM_LAUNCHER_PID"] = str(os.getpid())
+    todo = [int(r) for r in ns.ranks.split(",")] if ns.ranks else list(range(ns.world))
+    limit = ns.concurrency or len(todo)
     children = {}
-    for rank in range(ns.world):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _child(rank, ns.program, args, ns.result_dir)
-            finally:
-                os._exit(1)   # run_rank leaves with os._exit itself; this only catches a broken start
-        children[pid] = rank
-    while children:
+    while todo or children:
+        while todo and len(children) < limit:
+            rank = todo.pop(0)
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    _child(rank, ns.program, args, ns.result_dir, ns.mode)
+                finally:
+                    os._exit(1)   # run_rank leaves with os._exit itself; this only catches a broken start
+            children[pid] = rank
         pid, code = os.wait()
         rank = children.pop(pid, None)
         if rank is not None and code != 0:

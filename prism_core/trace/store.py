@@ -60,14 +60,22 @@ def _read_part(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     return cols, tables
 
 
-def merge_parts(parts_dir: Path, world_size: int) -> Trace:
-    """Combine the per-rank files the ranks left behind into one job trace (global name tables)."""
+def merge_parts(parts_dir: Path, world_size: int, ranks: list[int] | None = None) -> Trace:
+    """Combine the per-rank files the ranks left behind into one job trace (global name tables).
+
+    `ranks`: only these ranks ran (the others get no nodes), as when one DP replica is collected.
+    """
+    wanted = set(range(world_size) if ranks is None else ranks)
     group_ids: dict[str, int] = {}
     groups: list[tuple[int, ...]] = []
     labels: dict[str, int] = {}
     dtypes: dict[str, int] = {}
     per_rank, peaks = [], []
     for rank in range(world_size):
+        if rank not in wanted:
+            per_rank.append({name: np.empty(0, dtype) for name, dtype in COLUMNS.items()})
+            peaks.append([])
+            continue
         path = parts_dir / f"{rank}.npz"
         if not path.exists():
             raise TraceError(f"rank {rank} left no trace ({path})")

@@ -40,8 +40,18 @@ def test_cli_collects_then_reuses(tmp_path, capsys):
     assert "reused (inputs unchanged)" in capsys.readouterr().out
 
 
-def test_cli_refuses_a_mode_not_built_yet(tmp_path, capsys):
+@pytest.mark.timeout(300)
+def test_cli_collects_in_rules_mode_into_its_own_directory(tmp_path, capsys):
+    base = ["collect", str(CONFIGS / "tiny_moe_w2_pp2.yaml"), "--set", "job.iterations=3", "--out", str(tmp_path)]
+    assert cli.main(base) == 0
+    assert cli.main(base + ["--set", "emulation.collect_mode=rules"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("collected in") == 2
+    assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2
+
+
+def test_cli_reports_an_unloadable_rule(tmp_path, capsys):
     args = ["collect", str(CONFIGS / "tiny_moe_w2_pp2.yaml"), "--set", "emulation.collect_mode=rules",
-            "--out", str(tmp_path)]
-    assert cli.main(args) == 2
-    assert "emulation.collect_mode" in capsys.readouterr().err
+            "--set", "emulation.rules=no_such_module:rule", "--set", "job.iterations=3", "--out", str(tmp_path)]
+    assert cli.main(args) != 0
+    assert "no_such_module" in capsys.readouterr().err

@@ -4,6 +4,8 @@ Dispatch follows Megatron-core's all-to-all token dispatcher: tokens are permute
 per-expert counts are all-gathered over the EP group, tokens move with an uneven
 `all_to_all_single`, are regrouped by local expert, run through the (tensor-parallel) experts,
 reduced over TP, and travel back the same way to be combined with their routing weights.
+With `model.moe_router: balanced` tokens are spread over the experts round-robin (Megatron's
+forced load balancing), which makes every all-to-all size independent of the data.
 The aux loss reaches the router through Megatron's trick: an autograd function that passes
 activations through unchanged and injects the aux loss gradient in the backward pass.
 """
@@ -41,6 +43,7 @@ class MoE(nn.Module):
         self.local_experts = m.num_experts // ep
         self.first_expert = state.coord.ep * self.local_experts
         self.aux_scale = aux_scale
+        self.balanced = m.moe_router == "balanced"
         p = f"layers.{layer}.mlp"
         self.router = nn.Parameter(full_param(seed, f"{p}.router", (m.num_experts, m.hidden_size), m.init_std))
         f, h, t = m.moe_ffn_hidden_size, m.hidden_size, state.coord.tp
@@ -57,7 +60,15 @@ class MoE(nn.Module):
     def _route(self, tokens: torch.Tensor):
         logits = tokens @ self.router.t()
         probs = logits.softmax(dim=-1)
-        top_p, top_idx = probs.topk(self.topk, dim=-1)
+        if self.balanced:
+            # Megatron's forced load balancing: token i goes to experts (i·k + j) mod E whatever
+            # the logits say, so every count is independent of the data; the weights still come
+            # from the router, so it keeps learning.
+            n = tokens.shape[0]
+            top_idx = (torch.arange(n).unsqueeze(1) * self.topk + torch.arange(self.topk)) % self.num_experts
+            top_p = probs.gather(1, top_idx)
+        else:
+            top_p, top_idx = probs.topk(self.topk, dim=-1)
         top_p = top_p / top_p.sum(dim=-1, keepdim=True)
         counts = torch.bincount(top_idx.reshape(-1), minlength=self.num_experts)
         fraction = counts.to(probs.dtype) / top_idx.numel()

@@ -1,0 +1,114 @@
+"""Rank side of rules-mode collection: a transport with gloo's method names that answers every op
+locally from tensor rules (`rules.py`), so a rank runs alone while believing it is in a W-rank world.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from prism_core.collect.rules import OpView, answer, load_rules
+
+ENV_RULES = "PRISM_RULES"   # comma-separated module:function names
+
+
+class LocalWork(dist.Work):
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+class RulesTransport:
+    _rules = None
+
+    @classmethod
+    def rules(cls):
+        if cls._rules is None:
+            names = [n for n in os.environ.get(ENV_RULES, "").split(",") if n]
+            cls._rules = load_rules(names)
+        return cls._rules
+
+    @staticmethod
+    def finish_process() -> None:
+        pass
+
+    def __init__(self, group_name: str, global_ranks: tuple[int, ...], group_rank: int):
+        self.group, self.ranks, self.me = group_name, tuple(global_ranks), group_rank
+        self._seq: dict[str, int] = defaultdict(int)
+        self.world = int(os.environ["WORLD_SIZE"])
+        self.rank = int(os.environ["RANK"])
+
+    @torch.no_grad()
+    def _op(self, kind: str, inputs, outputs, root: int | None = None) -> LocalWork:
+        seq = self._seq[kind]
+        self._seq[kind] = seq + 1
+        view = OpView(rank=self.rank, world_size=self.world, kind=kind, group=self.ranks, group_rank=self.me,
+                      seq=seq, inputs=list(inputs), outputs=list(outputs), root=root)
+        for buf, value in zip(outputs, answer(view, self.rules())):
+            buf.copy_(value.reshape(buf.shape))
+        return LocalWork(outputs)
+
+    def allreduce(self, tensors, opts):
+        return self._op("allreduce", tensors, tensors)
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self._op("allreduce_coalesced", tensors, tensors)
+
+    def broadcast(self, tensors, opts):
+        return self._op("broadcast", tensors, tensors, root=opts.rootRank)
+
+    def allgather(self, output_lists, inputs, opts):
+        return self._op("allgather", inputs, [t for per_input in output_lists for t in per_input])
+
+    def _allgather_base(self, output, input, opts):
+        return self._op("all_gather_single", [input], [output])
+
+    def reduce_scatter(self, outputs, input_lists, opts):
+        return self._op("reduce_scatter", list(input_lists[0]), outputs)
+
+    def _reduce_scatter_base(self, output, input, opts):
+        return self._op("reduce_scatter_single", [input], [output])
+
+    def alltoall_base(self, output, input, output_splits, input_splits, opts):
+        rows = input.shape[0] if input.dim() else 0
+        if input_splits and sum(input_splits) != rows:
+            raise RuntimeError(f"all_to_all_single on rank {self.rank}: input splits {list(input_splits)} do not add "
+                               f"up to the {rows} rows sent")
+        return self._op("all_to_all_single", [input], [output])
+
+    def alltoall(self, outputs, inputs, opts):
+        return self._op("alltoall", inputs, outputs)
+
+    def barrier(self, opts):
+        return self._op("barrier", [], [])
+
+    def scatter(self, outputs, input_lists, opts):
+        mine = input_lists[0] if self.me == opts.rootRank else []
+        return self._op("scatter", mine, outputs, root=opts.rootRank)
+
+    def gather(self, output_lists, inputs, opts):
+        outs = output_lists[0] if self.me == opts.rootRank else []
+        return self._op("gather", inputs, outs, root=opts.rootRank)
+
+    def reduce(self, tensors, opts):
+        return self._op("reduce", tensors, tensors, root=opts.rootRank)
+
+    def send(self, tensors, dst, tag):
+        return LocalWork(tensors)
+
+    def recv(self, tensors, src, tag):
+        return self._op("recv", [], tensors)
