@@ -7,7 +7,8 @@ Rules: each collected rank runs alone against a fake world, K processes at a tim
 collective outputs from tensor rules (`rules.py`); for the built-in workloads only one DP
 replica runs and its graph is expanded to all W ranks (`dedup.py`). Either way each rank
 records its PrismTrace structure as in `prism record`; the parts are merged, validated and
-stored as `trace.zarr`. Timing in this graph is meaningless; Stage 2 fills it.
+stored as `trace.zarr`; context switching also keeps every rank's communication inputs in the
+tensor cache `tensors.zarr`. Timing in this graph is meaningless; Stage 2 fills it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from prism_core.trace import STORE_NAME, Trace, merge_parts, validate, write_tra
 
 
 BUILTIN_RULES = {"builtin:moe_gpt": MOE_GPT_RULES}
+CACHE_NAME = "tensors.zarr"
 
 
 @dataclass
@@ -97,7 +99,8 @@ def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectR
     store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
                           wait_for_workers=False, master_listen_fd=listen.fileno())
     listen.detach()
-    coordinator = Coordinator(str(sock_dir / "coord.sock"), world, slots) if mode == "context_switch" else None
+    coordinator = Coordinator(str(sock_dir / "coord.sock"), world, slots, cache_root=out_dir / CACHE_NAME) \
+        if mode == "context_switch" else None
     rules = list(cfg.emulation.rules) + (BUILTIN_RULES.get(cfg.job.program, []) if cfg.job.is_builtin else [])
     env = dict(os.environ, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world),
                GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
@@ -126,6 +129,8 @@ def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectR
             except CollectError as err:
                 detail = _first_error(out_dir) if "disconnected" in str(err) else None
                 raise CollectError(detail or str(err)) from None
+            shutil.rmtree(out_dir / CACHE_NAME, ignore_errors=True)
+            coordinator.write_cache()
         deadline = start + cfg.job.timeout_s
         while zygote.poll() is None:
             alive()

@@ -46,8 +46,10 @@ class _Rank:
 
 
 class Coordinator:
-    def __init__(self, path: str, world_size: int, slots: int, on_progress=None):
+    def __init__(self, path: str, world_size: int, slots: int, on_progress=None, cache_root=None):
         self.path, self.world, self.slots = path, world_size, slots
+        self.cache_root = cache_root      # where each rank's communication inputs are kept (tensors.zarr)
+        self._writers: dict = {}
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(path)
         self.server.listen(world_size)
@@ -134,6 +136,14 @@ class Coordinator:
                                    f"{op.ranks[min(op.arrived)]} issued {op.kind}")
             op.arrived[header["group_rank"]] = (header["meta"], tensors)
             r.issued[header["id"]] = key
+            if self.cache_root is not None and tensors:
+                writer = self._writers.get(rank)
+                if writer is None:
+                    from prism_core.cache import TensorCacheWriter
+
+                    writer = self._writers[rank] = TensorCacheWriter(self.cache_root, rank)
+                for i, t in enumerate(tensors):
+                    writer.put(f"{key}/{i}", t)
             if len(op.arrived) == len(op.ranks):
                 self._complete(key, op)
         elif kind == "wait":
@@ -189,6 +199,12 @@ class Coordinator:
             alive()
             if time.monotonic() > deadline:
                 raise CollectError(f"collection timed out after {timeout_s:g} s (job.timeout_s)")
+
+    def write_cache(self) -> None:
+        """Store every rank's communication inputs (call once collection has succeeded)."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
 
     def abort(self, reason: str) -> None:
         for r in self.ranks.values():

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from prism_core.collect import CollectError, collect_context_switch
 from prism_core.config import config_from_dict, load_config
@@ -97,3 +98,21 @@ def test_a_failing_rank_is_reported_with_its_traceback(tmp_path):
         collect_context_switch(load_config(config), tmp_path / "out", slots=1)
     assert "ValueError: collect boom" in str(info.value)
     assert_nothing_left(tmp_path, script)
+
+
+@pytest.mark.timeout(300)
+def test_every_rank_communication_inputs_land_in_the_tensor_cache(tmp_path):
+    from prism_core.cache import TensorCacheReader
+
+    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=3"])
+    collect_context_switch(cfg, tmp_path, slots=1)
+    sent = {}
+    for rank in range(2):
+        with TensorCacheReader(tmp_path / "tensors.zarr", rank) as reader:
+            keys = reader.keys()
+            assert keys, f"rank {rank} cached nothing"
+            sent[rank] = {k: reader.get(k) for k in keys if k.startswith("p/")}
+    # stage 0 sends activations to stage 1, stage 1 sends gradients back: both sides cached
+    assert any(k.split("/")[2:4] == ["0", "1"] for k in sent[0])
+    assert any(k.split("/")[2:4] == ["1", "0"] for k in sent[1])
+    assert all(t.dtype == torch.float32 and t.numel() > 0 for t in sent[0].values())
