@@ -105,9 +105,12 @@ class CoordinatorTransport:
     """Stands where ProcessGroupGloo stands in a recording run; one per process group."""
 
     @staticmethod
+    def start_process() -> None:
+        Connection.get()   # hello, then block until the coordinator grants a slot
+
+    @staticmethod
     def finish_process() -> None:
-        conn = Connection._instance or Connection.get()
-        conn.finish()
+        Connection.get().finish()
 
     def __init__(self, group_name: str, global_ranks: tuple[int, ...], group_rank: int):
         self.conn = Connection.get()

@@ -80,9 +80,6 @@ def collect_rules(cfg: PrismConfig, out_dir: Path, slots: int | None = None) -> 
 
 
 def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectResult:
-    import torch.distributed as dist
-
-    world = cfg.job.world_size
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for sub in ("results", "errors", "trace_parts", "flight", "logs"):
@@ -92,6 +89,18 @@ def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectR
     ranks = _dedup_ranks(cfg) if mode == "rules" else None
 
     sock_dir = Path(tempfile.mkdtemp(prefix="prism-collect-"))   # Unix socket paths must be short
+    try:
+        return _collect_in(cfg, out_dir, slots, mode, ranks, sock_dir)
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: list[int] | None,
+                sock_dir: Path) -> CollectResult:
+    import torch.distributed as dist
+
+    world = cfg.job.world_size
+    config_path = out_dir / "config.json"
     listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listen.bind(("127.0.0.1", 0))
     listen.listen(1024)
@@ -113,8 +122,14 @@ def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectR
         cmd += ["--concurrency", str(slots)] + (["--ranks", ",".join(map(str, ranks))] if ranks else [])
     cmd += ["--", *cfg.job.args]
     start = time.monotonic()
-    zygote = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=open(out_dir / "zygote.log", "wb"),
-                              stderr=subprocess.STDOUT, process_group=0)
+    try:
+        with open(out_dir / "zygote.log", "wb") as log:
+            zygote = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                      process_group=0)
+    except OSError:
+        if coordinator is not None:
+            coordinator.close()
+        raise
 
     def alive() -> None:
         if zygote.poll() not in (None, 0) or (out_dir / "errors").is_dir() and any((out_dir / "errors").iterdir()):
@@ -151,7 +166,6 @@ def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectR
         if coordinator is not None:
             coordinator.close()
         del store
-        shutil.rmtree(sock_dir, ignore_errors=True)
     wall = time.monotonic() - start
     trace = merge_parts(out_dir / "trace_parts", world, ranks)
     if ranks is not None:

@@ -112,6 +112,20 @@ class Coordinator:
             best = max(ready, key=lambda r: (self._pending(r), -r))
             self._grant(best)
 
+    def status(self) -> str:
+        """Who runs, who waits in what, who never connected: for a timeout message."""
+        lines = []
+        missing = sorted(set(range(self.world)) - set(self.ranks))
+        if missing:
+            lines.append(f"ranks that never reached their first process group: {missing}")
+        running = sorted(r for r, st in self.ranks.items() if st.state == "running")
+        if running:
+            lines.append(f"ranks running (holding a slot, outside communication): {running}")
+        for rank, r in sorted(self.ranks.items()):
+            if r.state == "blocked":
+                lines.append(f"rank {rank} waits in {self.ops[r.waiting[0]].describe(r.waiting[0])}")
+        return "\n".join(lines)
+
     def _deadlock(self) -> CollectError:
         lines = []
         for rank, r in sorted(self.ranks.items()):
@@ -147,8 +161,11 @@ class Coordinator:
             if len(op.arrived) == len(op.ranks):
                 self._complete(key, op)
         elif kind == "wait":
-            key = r.issued.pop(header["id"])
-            op = self.ops[key]
+            key = r.issued.pop(header["id"], None)
+            op = self.ops.get(key) if key is not None else None
+            if op is None:
+                raise CollectError(f"rank {rank} waits for op {header['id']} ({key}), which it never issued or "
+                                   "already collected")
             if op.outputs is not None:
                 self._reply(rank, key, header["id"])      # complete: the rank keeps its slot
             else:
@@ -198,7 +215,7 @@ class Coordinator:
                 self.on_progress(self)
             alive()
             if time.monotonic() > deadline:
-                raise CollectError(f"collection timed out after {timeout_s:g} s (job.timeout_s)")
+                raise CollectError(f"collection timed out after {timeout_s:g} s (job.timeout_s)\n{self.status()}")
 
     def write_cache(self) -> None:
         """Store every rank's communication inputs (call once collection has succeeded)."""

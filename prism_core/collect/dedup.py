@@ -48,8 +48,8 @@ def expand_replica(trace: Trace, topo: Topology) -> Trace:
         ids = by_set.setdefault(key, [])
         while len(ids) <= nth[source]:
             ids.append(len(groups))
-            groups.append(key)
-            names.append(f"dedup:{len(ids) - 1}:" + ",".join(map(str, key)))
+            groups.append(ranks)   # the image in the source group's order (roots are positions in it)
+            names.append(f"dedup:{len(ids) - 1}:" + ",".join(map(str, ranks)))
         return ids[nth[source]]
 
     source = {}   # target rank -> (replica-0 rank, image map)

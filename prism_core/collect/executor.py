@@ -2,7 +2,9 @@
 
 `run(kind, metas, inputs)` takes, per group rank (in group order), the op's metadata and input
 tensors as the rank sent them, and returns per group rank the tensors to copy into its outputs.
-Reductions add in group-rank order.
+Reductions add in group-rank order; gloo's ring adds in another order, so floating-point results
+can differ from a real run in the last bits (a program whose control flow hinges on such bits
+could then take another path in collection).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def _reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
         else:
             raise ExecutorError(f"reduce op {op!r} is not supported")
     if op == "avg":
-        out = out / len(tensors) if out.is_floating_point() else out // len(tensors)
+        out = out / len(tensors) if out.is_floating_point() else torch.div(out, len(tensors), rounding_mode="trunc")
     return out
 
 

@@ -5,7 +5,6 @@ locally from tensor rules (`rules.py`), so a rank runs alone while believing it 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -43,19 +42,23 @@ class RulesTransport:
         return cls._rules
 
     @staticmethod
+    def start_process() -> None:
+        pass
+
+    @staticmethod
     def finish_process() -> None:
         pass
 
     def __init__(self, group_name: str, global_ranks: tuple[int, ...], group_rank: int):
         self.group, self.ranks, self.me = group_name, tuple(global_ranks), group_rank
-        self._seq: dict[str, int] = defaultdict(int)
+        self._seq = 0   # call number on this group, as the recorder and the coordinator count
         self.world = int(os.environ["WORLD_SIZE"])
         self.rank = int(os.environ["RANK"])
 
     @torch.no_grad()
     def _op(self, kind: str, inputs, outputs, root: int | None = None) -> LocalWork:
-        seq = self._seq[kind]
-        self._seq[kind] = seq + 1
+        seq = self._seq
+        self._seq += 1
         view = OpView(rank=self.rank, world_size=self.world, kind=kind, group=self.ranks, group_rank=self.me,
                       seq=seq, inputs=list(inputs), outputs=list(outputs), root=root)
         for buf, value in zip(outputs, answer(view, self.rules())):
@@ -78,6 +81,8 @@ class RulesTransport:
         return self._op("all_gather_single", [input], [output])
 
     def reduce_scatter(self, outputs, input_lists, opts):
+        if len(outputs) != 1:
+            raise NotImplementedError("prism collect: reduce_scatter with several output tensors")
         return self._op("reduce_scatter", list(input_lists[0]), outputs)
 
     def _reduce_scatter_base(self, output, input, opts):

@@ -61,7 +61,13 @@ def filler(op: OpView) -> list[torch.Tensor]:
         return [op.inputs[0].reshape(-1).chunk(n)[op.group_rank].clone()]
     if op.kind == "broadcast" and op.root == op.group_rank:
         return [t.clone() for t in op.inputs]
-    return [torch.zeros_like(t) for t in op.outputs]
+    if op.kind == "scatter" and op.root == op.group_rank:
+        return [op.inputs[op.group_rank].clone()]
+    out = [torch.zeros_like(t) for t in op.outputs]
+    if op.kind in ("alltoall", "gather") and len(out) == n and op.inputs:
+        mine = op.inputs[op.group_rank] if op.kind == "alltoall" else op.inputs[0]
+        out[op.group_rank] = mine.clone().reshape(out[op.group_rank].shape)   # this rank's own slot
+    return out
 
 
 def answer(op: OpView, rules: list[Rule]) -> list[torch.Tensor]:

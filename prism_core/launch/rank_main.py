@@ -80,6 +80,8 @@ def run_rank(program: str, args: list[str], result_dir: Path, transport=None) ->
     rt = runtime.install(rank)
     instrument = os.environ.get(ENV_INSTRUMENT) == "1" or transport is not None
     rec = _instrument(rank, result_dir, rt, transport) if instrument else None
+    if transport is not None:
+        transport.start_process()   # collection: wait for a slot before running any of the program
     failure = None
     try:
         _run_program(program, args)

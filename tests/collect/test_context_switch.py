@@ -116,3 +116,23 @@ def test_every_rank_communication_inputs_land_in_the_tensor_cache(tmp_path):
     assert any(k.split("/")[2:4] == ["0", "1"] for k in sent[0])
     assert any(k.split("/")[2:4] == ["1", "0"] for k in sent[1])
     assert all(t.dtype == torch.float32 and t.numel() > 0 for t in sent[0].values())
+
+
+@pytest.mark.timeout(120)
+def test_k_slots_hold_from_the_first_line_of_the_program(tmp_path):
+    # work before init_process_group (imports, model building) is also limited to K ranks at once
+    config, script = make_job(tmp_path, f"""
+        (Path({str(tmp_path)!r}) / f"start_{{os.environ['RANK']}}").write_text(str(time.time()))
+        time.sleep(1.0)
+        dist.init_process_group("gloo")
+        dist.barrier()
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.ones(2)).sum().backward()
+            opt.step()
+    """)
+    collect_context_switch(load_config(config), tmp_path / "out", slots=1)
+    starts = sorted(float((tmp_path / f"start_{r}").read_text()) for r in range(2))
+    assert starts[1] - starts[0] >= 0.9, starts
+    assert_nothing_left(tmp_path, script)
