@@ -13,12 +13,9 @@ tensor cache `tensors.zarr`. Timing in this graph is meaningless; Stage 2 fills 
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +30,7 @@ from prism_core.collect.local import ENV_RULES
 from prism_core.topology import Topology
 from prism_core.workloads.moe_gpt.rules import RULES as MOE_GPT_RULES
 from prism_core.config import PrismConfig
+from prism_core.launch.launcher import host_store, read_errors
 from prism_core.runtime import write_json_atomic
 from prism_core.trace import STORE_NAME, Trace, merge_parts, validate, write_trace
 
@@ -50,12 +48,7 @@ class CollectResult:
 
 
 def _first_error(run_dir: Path) -> str | None:
-    errors = []
-    for path in (run_dir / "errors").glob("*.json"):
-        try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
+    errors = read_errors(run_dir)
     if not errors:
         return None
     first = min(errors, key=lambda e: e["time"])
@@ -97,17 +90,9 @@ def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectR
 
 def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: list[int] | None,
                 sock_dir: Path) -> CollectResult:
-    import torch.distributed as dist
-
     world = cfg.job.world_size
     config_path = out_dir / "config.json"
-    listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listen.bind(("127.0.0.1", 0))
-    listen.listen(1024)
-    port = listen.getsockname()[1]
-    store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
-                          wait_for_workers=False, master_listen_fd=listen.fileno())
-    listen.detach()
+    store, port = host_store(cfg.job.timeout_s)
     coordinator = Coordinator(str(sock_dir / "coord.sock"), world, slots, cache_root=out_dir / CACHE_NAME) \
         if mode == "context_switch" else None
     rules = list(cfg.emulation.rules) + (BUILTIN_RULES.get(cfg.job.program, []) if cfg.job.is_builtin else [])

@@ -58,11 +58,32 @@ def _store_backend() -> dict:
     return {} if (major, minor) >= (2, 8) else {"use_libuv": False}
 
 
-def _listening_socket() -> socket.socket:
+def host_store(timeout_s: float):
+    """A rendezvous TCPStore served from here on 127.0.0.1 at a free port; returns (store, port).
+
+    The socket is bound first and handed to the store, so no other process can take the port.
+    """
+    import torch.distributed as dist
+
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
-    return sock
+    port = sock.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False, master_listen_fd=sock.fileno(), **_store_backend())
+    sock.detach()  # the store owns the listening socket now and closes it itself
+    return store, port
+
+
+def read_errors(run_dir: Path) -> list[dict]:
+    """The error records ranks left in `run_dir/errors/` (unreadable ones skipped)."""
+    errors = []
+    for path in (run_dir / "errors").glob("*.json"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return errors
 
 
 def _rank_env(spec: LaunchSpec, rank: int, port: int) -> dict[str, str]:
@@ -156,12 +177,7 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
     failing after it; it is blamed first.
     """
     time.sleep(0.3)  # let ranks that are failing right now finish writing their error files
-    errors = []
-    for path in (job.spec.run_dir / "errors").glob("*.json"):
-        try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
+    errors = read_errors(job.spec.run_dir)
     recorded = {e["rank"] for e in errors}
     abrupt = sorted(r for r in failed if r not in recorded)  # exited ranks: their error file is final
     flights = _flights(job) + _early_exits(job, failed)
@@ -254,19 +270,13 @@ class _Echo:
 
 def launch(spec: LaunchSpec) -> dict[int, dict]:
     """Run all ranks to completion; return each rank's result, or raise LaunchError."""
-    import torch.distributed as dist
-
     if spec.world_size < 1:
         raise ValueError("world_size must be >= 1")
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     for sub in ("results", "errors", "trace_parts", "flight"):
         for stale in (spec.run_dir / sub).glob("*"):
             stale.unlink()
-    sock = _listening_socket()
-    port = sock.getsockname()[1]
-    store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=spec.timeout_s),
-                          wait_for_workers=False, master_listen_fd=sock.fileno(), **_store_backend())
-    sock.detach()  # the store owns the listening socket now and closes it itself
+    store, port = host_store(spec.timeout_s)
     job = _Job(spec)
     echo = _Echo(job.log_path(spec.echo_rank) if spec.echo_rank is not None else None, spec.echo_rank)
     try:
