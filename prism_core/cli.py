@@ -10,6 +10,7 @@ from pathlib import Path
 
 from prism_core.config import ConfigError, PrismConfig, load_config
 from prism_core.launch import LaunchError
+from prism_core.cache import CacheError
 from prism_core.collect.coordinator import CollectError
 from prism_core.metrics import MetricsError
 from prism_core.trace import TraceError
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, MetricsError) as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
-    except (TraceError, OSError, CollectError) as err:
+    except (TraceError, OSError, CollectError, CacheError) as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated):

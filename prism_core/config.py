@@ -94,6 +94,11 @@ class EmulationConfig(_Strict):
     ranks_of_interest: list[int] = Field(default_factory=lambda: [0], min_length=1)
     collect_mode: Literal["context_switch", "rules"] = "context_switch"
     rules: list[str] = Field(default_factory=list, description="extra tensor rules, as module:function")
+    dp_dedup: bool = Field(True, description="rules mode, built-in workloads: collect one DP replica and rename it "
+                                             "to all; valid only when replicas run the same structure (not with "
+                                             "learned MoE routing, whose sizes follow each replica's data)")
+    tensor_cache: str | None = Field(None, description="rules mode: a tensors.zarr of an earlier context-switching "
+                                                       "collection; ops it holds are answered from it")
 
 
 class PrismConfig(_Strict):
@@ -144,6 +149,9 @@ def _job_problems(cfg: PrismConfig) -> list[str]:
     if emu.sandbox > emu.slots:
         out.append(f"emulation.sandbox: {emu.sandbox} sandbox ranks do not fit on emulation.slots={emu.slots}; "
                    f"lower emulation.sandbox or raise emulation.slots")
+    if emu.tensor_cache is not None and emu.collect_mode != "rules":
+        out.append("emulation.tensor_cache: only rules-mode collection reads a tensor cache; "
+                   "set emulation.collect_mode=rules or drop the key")
     return out
 
 

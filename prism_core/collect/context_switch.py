@@ -26,7 +26,9 @@ from pathlib import Path
 from prism_core.collect.client import ENV_SOCKET
 from prism_core.collect.coordinator import CollectError, Coordinator
 from prism_core.collect.dedup import expand_replica
-from prism_core.collect.local import ENV_RULES
+from prism_core.cache import CacheError
+from prism_core.collect.cached import ENV_TENSOR_CACHE
+from prism_core.collect.local import ENV_RULES, ENV_USER_RULES
 from prism_core.topology import Topology
 from prism_core.workloads.moe_gpt.rules import RULES as MOE_GPT_RULES
 from prism_core.config import PrismConfig
@@ -55,9 +57,18 @@ def _first_error(run_dir: Path) -> str | None:
     return f"rank {first['rank']} failed:\n{first['traceback'].rstrip()}"
 
 
+def tensor_cache_path(cfg: PrismConfig) -> Path:
+    """The config's `emulation.tensor_cache`, checked to be a tensor cache."""
+    path = Path(cfg.emulation.tensor_cache).resolve()
+    if not (path / "ranks").is_dir():
+        raise CacheError(f"emulation.tensor_cache: {path} is not a tensor cache (no ranks/ in it); point it at the "
+                         f"{CACHE_NAME} of a context-switching collection")
+    return path
+
+
 def _dedup_ranks(cfg: PrismConfig) -> list[int] | None:
     """One DP replica's ranks when the topology is known (built-in workloads) and dp > 1."""
-    if not cfg.job.is_builtin or (cfg.parallel.dp or 1) == 1:
+    if not cfg.job.is_builtin or (cfg.parallel.dp or 1) == 1 or not cfg.emulation.dp_dedup:
         return None
     return sorted(Topology.from_config(cfg).replica_ranks(0))
 
@@ -96,11 +107,15 @@ def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: l
     coordinator = Coordinator(str(sock_dir / "coord.sock"), world, slots, cache_root=out_dir / CACHE_NAME) \
         if mode == "context_switch" else None
     rules = list(cfg.emulation.rules) + (BUILTIN_RULES.get(cfg.job.program, []) if cfg.job.is_builtin else [])
+    cache = {}
+    if mode == "rules" and cfg.emulation.tensor_cache is not None:
+        cache = {ENV_TENSOR_CACHE: str(tensor_cache_path(cfg))}
     env = dict(os.environ, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world),
                GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PRISM_LAUNCHER_PID=str(os.getpid()),
                PRISM_CONFIG=str(config_path.resolve()), PRISM_INSTRUMENT="1", PRISM_MEMORY="0",
-               **{ENV_SOCKET: str(sock_dir / "coord.sock"), ENV_RULES: ",".join(rules)})
+               **{ENV_SOCKET: str(sock_dir / "coord.sock"), ENV_RULES: ",".join(rules),
+                  ENV_USER_RULES: str(len(cfg.emulation.rules))}, **cache)
     cmd = [sys.executable, "-m", "prism_core.collect.zygote", "--world", str(world), "--program", cfg.job.program,
            "--result-dir", str(out_dir), "--mode", mode]
     if mode == "rules":

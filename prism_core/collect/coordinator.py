@@ -17,6 +17,8 @@ import socket
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from prism_core.collect import executor, protocol
 
 
@@ -158,6 +160,8 @@ class Coordinator:
                     writer = self._writers[rank] = TensorCacheWriter(self.cache_root, rank)
                 for i, t in enumerate(tensors):
                     writer.put(f"{key}/{i}", t)
+                if header["meta"].get("in_splits"):   # rules mode rebuilds a peer's all-to-all from these
+                    writer.put(f"{key}/splits", torch.tensor(header["meta"]["in_splits"], dtype=torch.int64))
             if len(op.arrived) == len(op.ranks):
                 self._complete(key, op)
         elif kind == "wait":

@@ -1,17 +1,24 @@
 """Rank side of rules-mode collection: a transport with gloo's method names that answers every op
-locally from tensor rules (`rules.py`), so a rank runs alone while believing it is in a W-rank world.
+locally, so a rank runs alone while believing it is in a W-rank world: from the config's tensor
+rules, then from the tensor cache of an earlier collection if one is given (`cached.py`), then
+from the workload's rules, then filler (`rules.py`).
 """
 
 from __future__ import annotations
 
 import os
 
+from collections import defaultdict
+
 import torch
 import torch.distributed as dist
 
-from prism_core.collect.rules import OpView, answer, load_rules
+from prism_core.collect.cached import CachedPeers
+from prism_core.collect.client import _reduce_name
+from prism_core.collect.rules import OpView, answer, check_answer, load_rules
 
-ENV_RULES = "PRISM_RULES"   # comma-separated module:function names
+ENV_RULES = "PRISM_RULES"           # comma-separated module:function names (the config's, then the workload's)
+ENV_USER_RULES = "PRISM_USER_RULES"  # how many of them come first, ahead of the cache
 
 
 class LocalWork(dist.Work):
@@ -41,6 +48,10 @@ class RulesTransport:
             cls._rules = load_rules(names)
         return cls._rules
 
+    @classmethod
+    def user_rule_count(cls) -> int:
+        return int(os.environ.get(ENV_USER_RULES, "0"))
+
     @staticmethod
     def start_process() -> None:
         pass
@@ -52,27 +63,60 @@ class RulesTransport:
     def __init__(self, group_name: str, global_ranks: tuple[int, ...], group_rank: int):
         self.group, self.ranks, self.me = group_name, tuple(global_ranks), group_rank
         self._seq = 0   # call number on this group, as the recorder and the coordinator count
+        self._cache_seq: dict[tuple, int] = defaultdict(int)   # op keys as context switching writes them
         self.world = int(os.environ["WORLD_SIZE"])
         self.rank = int(os.environ["RANK"])
 
+    def _cache_key(self, kind: str, peer: int | None, tag: int) -> str:
+        if kind != "recv":
+            seq = self._cache_seq[()]
+            self._cache_seq[()] = seq + 1
+            return f"c/{self.group}/{seq}"
+        seq = self._cache_seq[(peer, self.me, tag)]
+        self._cache_seq[(peer, self.me, tag)] = seq + 1
+        return f"p/{self.group}/{self.ranks[peer]}/{self.rank}/{tag}/{seq}"
+
     @torch.no_grad()
-    def _op(self, kind: str, inputs, outputs, root: int | None = None) -> LocalWork:
+    def _op(self, kind: str, inputs, outputs, root: int | None = None, meta: dict | None = None,
+            peer: int | None = None, tag: int = 0) -> LocalWork:
         seq = self._seq
         self._seq += 1
+        key = self._cache_key(kind, peer, tag)
         view = OpView(rank=self.rank, world_size=self.world, kind=kind, group=self.ranks, group_rank=self.me,
                       seq=seq, inputs=list(inputs), outputs=list(outputs), root=root)
-        for buf, value in zip(outputs, answer(view, self.rules())):
+        rules = self.rules()
+        first = self.user_rule_count()
+        values = answer(view, rules[:first], fallback=None)
+        if values is None:
+            values = self._from_cache(view, key, dict(meta or {}, **({"root": root} if root is not None else {})),
+                                      peer)
+        if values is None:
+            values = answer(view, rules[first:])
+        for buf, value in zip(outputs, values):
             buf.copy_(value.reshape(buf.shape))
         return LocalWork(outputs)
 
+    def _from_cache(self, view: OpView, key: str, meta: dict, peer: int | None) -> list[torch.Tensor] | None:
+        cache = CachedPeers.from_env()
+        if cache is None:
+            return None
+        if view.kind == "recv":
+            values = cache.received(key, self.ranks[peer])
+        else:
+            values = cache.collective(view.kind, key, self.ranks, self.me, view.inputs, meta)
+        if values is not None:
+            check_answer(view, values, f"the tensor cache at {cache.root} (op {key})")
+        return values
+
     def allreduce(self, tensors, opts):
-        return self._op("allreduce", tensors, tensors)
+        return self._op("allreduce", tensors, tensors, meta={"reduce": _reduce_name(opts.reduceOp)})
 
     def allreduce_coalesced(self, tensors, opts):
-        return self._op("allreduce_coalesced", tensors, tensors)
+        return self._op("allreduce_coalesced", tensors, tensors, meta={"reduce": _reduce_name(opts.reduceOp)})
 
     def broadcast(self, tensors, opts):
-        return self._op("broadcast", tensors, tensors, root=opts.rootRank)
+        mine = tensors if self.me == opts.rootRank else []
+        return self._op("broadcast", mine, tensors, root=opts.rootRank)
 
     def allgather(self, output_lists, inputs, opts):
         return self._op("allgather", inputs, [t for per_input in output_lists for t in per_input])
@@ -83,17 +127,17 @@ class RulesTransport:
     def reduce_scatter(self, outputs, input_lists, opts):
         if len(outputs) != 1:
             raise NotImplementedError("prism collect: reduce_scatter with several output tensors")
-        return self._op("reduce_scatter", list(input_lists[0]), outputs)
+        return self._op("reduce_scatter", list(input_lists[0]), outputs, meta={"reduce": _reduce_name(opts.reduceOp)})
 
     def _reduce_scatter_base(self, output, input, opts):
-        return self._op("reduce_scatter_single", [input], [output])
+        return self._op("reduce_scatter_single", [input], [output], meta={"reduce": _reduce_name(opts.reduceOp)})
 
     def alltoall_base(self, output, input, output_splits, input_splits, opts):
         rows = input.shape[0] if input.dim() else 0
         if input_splits and sum(input_splits) != rows:
             raise RuntimeError(f"all_to_all_single on rank {self.rank}: input splits {list(input_splits)} do not add "
                                f"up to the {rows} rows sent")
-        return self._op("all_to_all_single", [input], [output])
+        return self._op("all_to_all_single", [input], [output], meta={"in_splits": list(input_splits)})
 
     def alltoall(self, outputs, inputs, opts):
         return self._op("alltoall", inputs, outputs)
@@ -110,10 +154,10 @@ class RulesTransport:
         return self._op("gather", inputs, outs, root=opts.rootRank)
 
     def reduce(self, tensors, opts):
-        return self._op("reduce", tensors, tensors, root=opts.rootRank)
+        return self._op("reduce", tensors, tensors, root=opts.rootRank, meta={"reduce": _reduce_name(opts.reduceOp)})
 
     def send(self, tensors, dst, tag):
         return LocalWork(tensors)
 
     def recv(self, tensors, src, tag):
-        return self._op("recv", [], tensors)
+        return self._op("recv", [], tensors, peer=src, tag=tag)

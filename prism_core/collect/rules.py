@@ -70,19 +70,23 @@ def filler(op: OpView) -> list[torch.Tensor]:
     return out
 
 
-def answer(op: OpView, rules: list[Rule]) -> list[torch.Tensor]:
+_FILLER = object()
+
+
+def answer(op: OpView, rules: list[Rule], fallback=_FILLER) -> list[torch.Tensor] | None:
+    """The first rule's answer; else the filler (or `fallback`, when given)."""
     for rule in rules:
         out = rule(op)
         if out is not None:
-            _check(op, out, getattr(rule, "__qualname__", repr(rule)))
+            check_answer(op, out, f"rule {getattr(rule, '__qualname__', repr(rule))}")
             return out
-    return filler(op)
+    return filler(op) if fallback is _FILLER else fallback
 
 
-def _check(op: OpView, out: list[torch.Tensor], who: str) -> None:
+def check_answer(op: OpView, out: list[torch.Tensor], who: str) -> None:
     if len(out) != len(op.outputs) or any(o.numel() != b.numel() or o.dtype != b.dtype
                                           for o, b in zip(out, op.outputs)):
         want = [(tuple(b.shape), str(b.dtype)) for b in op.outputs]
         got = [(tuple(o.shape), str(o.dtype)) for o in out]
-        raise RuleError(f"rule {who} answered {op.kind} #{op.seq} of group {list(op.group)} on rank {op.rank} "
+        raise RuleError(f"{who} answered {op.kind} #{op.seq} of group {list(op.group)} on rank {op.rank} "
                         f"with {got}, but the program expects {want}")

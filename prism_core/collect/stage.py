@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism_core.collect.context_switch import collect_context_switch, collect_rules
+from prism_core.collect.context_switch import collect_context_switch, collect_rules, tensor_cache_path
 from prism_core.config import PrismConfig
 from prism_core.runtime import write_json_atomic
 from prism_core.trace import STORE_NAME, Trace, load_trace
@@ -35,12 +35,26 @@ def _program_digest(cfg: PrismConfig) -> str:
     return h.hexdigest()
 
 
+def _cache_digest(cfg: PrismConfig) -> str | None:
+    """Identity of the tensor cache a rules-mode collection reads: its per-rank indexes."""
+    if cfg.emulation.tensor_cache is None or cfg.emulation.collect_mode != "rules":
+        return None
+    h = hashlib.sha256()
+    root = tensor_cache_path(cfg)
+    for path in sorted(p for p in root.glob("ranks/*/**/*") if p.is_file() and
+                       (p.name == "zarr.json" or "checksums" in p.relative_to(root).parts)):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def input_key(cfg: PrismConfig) -> str:
     job = cfg.job.model_dump(mode="json", exclude={"timeout_s", "device_memory_bytes"})
     job["program"] = cfg.job.program if cfg.job.is_builtin else Path(cfg.job.program).name
     shaped = {"job": job, "model": cfg.model.model_dump(mode="json"), "parallel": cfg.parallel.model_dump(mode="json"),
               "collect_mode": cfg.emulation.collect_mode, "rules": list(cfg.emulation.rules),
-              "program_source": _program_digest(cfg)}
+              "dp_dedup": cfg.emulation.dp_dedup,
+              "program_source": _program_digest(cfg), "tensor_cache": _cache_digest(cfg)}
     return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()[:16]
 
 
