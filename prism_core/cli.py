@@ -11,6 +11,7 @@ from pathlib import Path
 from prism_core.config import ConfigError, PrismConfig, load_config
 from prism_core.launch import LaunchError
 from prism_core.cache import CacheError
+from prism_core.calibrate.timeline import CalibrationError
 from prism_core.collect.coordinator import CollectError
 from prism_core.metrics import MetricsError
 from prism_core.trace import TraceError
@@ -33,7 +34,25 @@ def _parser() -> argparse.ArgumentParser:
     _add_common(col)
     col.add_argument("--slots", type=int, default=None, help="K, rank processes running at once "
                      "(default: emulation.slots)")
+    cal = sub.add_parser("calibrate", help="Stage 2: time every rank in slices and predict its iteration time "
+                         "(collects the bare graph first, or reuses it)")
+    _add_common(cal)
+    cal.add_argument("--dask-address", default=None, metavar="tcp://HOST:PORT",
+                     help="run the slices on an existing Dask scheduler (default: a local cluster)")
     return parser
+
+
+def _calibrate(cfg: PrismConfig, args) -> str:
+    from flows.calibrate import run_calibrate
+
+    out = args.out or Path("artifacts") / cfg.name / "calibrate"
+    document = run_calibrate(str(args.config), args.overrides, str(out), args.dask_address)
+    text = _summary(cfg, document, out)
+    ranks = document["ranks"]
+    if len(ranks) <= 16:
+        text += "\nwithout inter-slice calibration (each rank as timed in its slice): " + ", ".join(
+            f"rank {r} {m['uncalibrated_iteration_time_s']:.4f} s" for r, m in ranks.items())
+    return text
 
 
 def _summary(cfg: PrismConfig, document: dict, out: Path) -> str:
@@ -85,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "collect":
             print(_collect(cfg, out, args.slots))
             return 0
+        if args.command == "calibrate":
+            print(_calibrate(cfg, args))
+            return 0
         from prism_core.record import RecordOptions, record
 
         document = record(cfg, out, options=RecordOptions(force=args.force))
@@ -96,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, MetricsError) as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
-    except (TraceError, OSError, CollectError, CacheError) as err:
+    except (TraceError, OSError, CollectError, CacheError, CalibrationError) as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated):

@@ -19,6 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from prism_core.backend.reduce_ops import reduce_name
 from prism_core.trace.recorder import Recorder
 
 
@@ -146,7 +147,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._inner
 
     # -- recording -------------------------------------------------------------------------------
-    def _run(self, op: str, inputs, outputs, start, *, peer: int = -1, tag: int = -1, p2p: bool = False):
+    def _run(self, op: str, inputs, outputs, start, *, peer: int = -1, tag: int = -1, p2p: bool = False,
+             reduce=None):
         rec = self._recorder
         if rec is None:
             works = start()
@@ -162,7 +164,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         if p2p:
             me = self._global_ranks[self.rank()]
             p2p_key = (me, global_peer, tag) if op == "send" else (global_peer, me, tag)
-        node = rec.issue(op, self._name, self._global_ranks, global_peer, _nbytes(ins), dtype, tag, p2p_key)
+        node = rec.issue(op, self._name, self._global_ranks, global_peer, _nbytes(ins), dtype, tag, p2p_key,
+                         reduce_name(reduce) if reduce is not None else "")
         works = start()
         rec.issued(node)
         return PrismWork(works, rec, node, outputs, not p2p and self._gloo, watch)
@@ -172,12 +175,13 @@ class PrismProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         if opts.reduceOp == dist.ReduceOp.PREMUL_SUM:
             raise _unsupported("allreduce with ReduceOp.PREMUL_SUM", "gloo cannot run it; scale before a SUM")
-        return self._run("allreduce", tensors, tensors, lambda: [self._inner.allreduce(tensors, opts)])
+        return self._run("allreduce", tensors, tensors, lambda: [self._inner.allreduce(tensors, opts)],
+                         reduce=opts.reduceOp)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         return self._run("allreduce_coalesced", tensors, tensors,
-                         lambda: [self._inner.allreduce_coalesced(tensors, opts)])
+                         lambda: [self._inner.allreduce_coalesced(tensors, opts)], reduce=opts.reduceOp)
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
@@ -203,17 +207,18 @@ class PrismProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         return self._run("reduce_scatter", input_lists, outputs,
-                         lambda: [self._inner.reduce_scatter(outputs, input_lists, opts)])
+                         lambda: [self._inner.reduce_scatter(outputs, input_lists, opts)], reduce=opts.reduceOp)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         return self._run("reduce_scatter_single", [input], [output],
-                         lambda: [self._inner._reduce_scatter_base(output, input, opts)])
+                         lambda: [self._inner._reduce_scatter_base(output, input, opts)], reduce=opts.reduceOp)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         return self._run("reduce_scatter_single", inputs, outputs,
-                         lambda: [self._inner._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)])
+                         lambda: [self._inner._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)],
+                         reduce=opts.reduceOp)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -242,7 +247,8 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
-        return self._run("reduce", tensors, tensors, lambda: [self._inner.reduce(tensors, opts)], peer=opts.rootRank)
+        return self._run("reduce", tensors, tensors, lambda: [self._inner.reduce(tensors, opts)], peer=opts.rootRank,
+                         reduce=opts.reduceOp)
 
     # -- point to point --------------------------------------------------------------------------
     def send(self, tensors, dst: int, tag: int):

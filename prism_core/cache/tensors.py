@@ -223,6 +223,9 @@ class TensorCacheReader:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self._entry(key)[4]
+
     def _entry(self, key: str):
         try:
             return self._entries[key]

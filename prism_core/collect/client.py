@@ -16,22 +16,10 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from prism_core.backend.reduce_ops import reduce_name as _reduce_name
 from prism_core.collect import protocol
 
 ENV_SOCKET = "PRISM_COLLECT_SOCKET"
-_REDUCE_OPS = (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("product", dist.ReduceOp.PRODUCT),
-               ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN), ("band", dist.ReduceOp.BAND),
-               ("bor", dist.ReduceOp.BOR), ("bxor", dist.ReduceOp.BXOR))
-
-
-def _reduce_name(op) -> str:
-    # options carry a ReduceOp wrapper that compares equal to the enum value but hashes apart
-    for name, value in _REDUCE_OPS:
-        if op == value:
-            return name
-    raise NotImplementedError(f"prism collect: reduce op {op} is not supported")
-
-
 class Connection:
     """This rank's single connection to the coordinator (opened once per process)."""
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from prism_core.collect.cached import CachedPeers
-from prism_core.collect.client import _reduce_name
+from prism_core.backend.reduce_ops import reduce_name as _reduce_name
 from prism_core.collect.rules import OpView, answer, check_answer, load_rules
 
 ENV_RULES = "PRISM_RULES"           # comma-separated module:function names (the config's, then the workload's)

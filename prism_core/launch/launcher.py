@@ -48,6 +48,15 @@ class LaunchSpec:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     echo_rank: int | None = None  # stream this rank's output to our stdout, as progress
+    ranks: list[int] | None = None  # the ranks to start (a slice's sandbox); None: all of the world
+    helper: list[str] | None = None  # argv of one more process in the job (the replay assistant)
+
+    @property
+    def started_ranks(self) -> list[int]:
+        return list(range(self.world_size)) if self.ranks is None else sorted(self.ranks)
+
+
+HELPER = "assistant"
 
 
 def _store_backend() -> dict:
@@ -105,24 +114,35 @@ class _Job:
 
     def __init__(self, spec: LaunchSpec):
         self.spec = spec
-        self.procs: list[subprocess.Popen] = []
+        self.ranks: dict[int, subprocess.Popen] = {}
+        self.helper: subprocess.Popen | None = None
         self.logs = []
         self.pgid: int | None = None
 
+    @property
+    def procs(self) -> list[subprocess.Popen]:
+        return list(self.ranks.values()) + ([self.helper] if self.helper is not None else [])
+
+    def _spawn(self, cmd: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen:
+        log = open(self.spec.run_dir / "logs" / log_name, "wb")
+        self.logs.append(log)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                process_group=0 if self.pgid is None else self.pgid)
+        if self.pgid is None:
+            self.pgid = proc.pid
+        return proc
+
     def start(self, port: int) -> None:
-        log_dir = self.spec.run_dir / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for rank in range(self.spec.world_size):
-            log = open(log_dir / f"rank_{rank}.log", "wb")
-            self.logs.append(log)
+        (self.spec.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.spec.helper is not None:
+            env = _rank_env(self.spec, -1, port)
+            for key in ("RANK", "LOCAL_RANK", "ROLE_RANK"):
+                env.pop(key)
+            self.helper = self._spawn(self.spec.helper, env, f"{HELPER}.log")
+        for rank in self.spec.started_ranks:
             cmd = [sys.executable, "-m", "prism_core.launch.rank_main", "--program", self.spec.program,
                    "--result-dir", str(self.spec.run_dir), "--", *self.spec.args]
-            proc = subprocess.Popen(cmd, env=_rank_env(self.spec, rank, port), stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    process_group=0 if self.pgid is None else self.pgid)
-            if self.pgid is None:
-                self.pgid = proc.pid
-            self.procs.append(proc)
+            self.ranks[rank] = self._spawn(cmd, _rank_env(self.spec, rank, port), f"rank_{rank}.log")
 
     def kill(self) -> None:
         if self.pgid is None or all(p.poll() is not None for p in self.procs):
@@ -147,8 +167,8 @@ class _Job:
         for log in self.logs:
             log.close()
 
-    def log_path(self, rank: int) -> Path:
-        return self.spec.run_dir / "logs" / f"rank_{rank}.log"
+    def log_path(self, rank: int | str) -> Path:
+        return self.spec.run_dir / "logs" / (f"{HELPER}.log" if rank == HELPER else f"rank_{rank}.log")
 
 
 def _group_alive(pgid: int) -> bool:
@@ -184,6 +204,9 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
     if errors and not abrupt:
         first = min(errors, key=lambda e: e["time"])
         rank = first["rank"]
+        if rank == HELPER:
+            return LaunchError(f"the replay assistant failed:\n{first['traceback'].rstrip()}\n"
+                               f"(log: {job.log_path(HELPER)})", error=first)
         return LaunchError(f"rank {rank} failed:\n{first['traceback'].rstrip()}\n"
                            f"(log: {job.log_path(rank)}){flights}", rank=rank, error=first)
     rank = abrupt[0]
@@ -193,9 +216,22 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
                        f"(log: {job.log_path(rank)}){flights}", rank=rank)
 
 
+def _helper_failure(job: _Job) -> LaunchError:
+    """The replay assistant stopped with an error: its recorded traceback, or its log's tail."""
+    time.sleep(0.2)
+    path = job.spec.run_dir / "errors" / f"{HELPER}.json"
+    try:
+        detail = json.loads(path.read_text())["traceback"].rstrip()
+    except (OSError, ValueError, KeyError):
+        code = job.helper.returncode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        detail = f"it {how}; last output:\n{_tail(job.log_path(HELPER))}"
+    return LaunchError(f"the replay assistant failed:\n{detail}\n(log: {job.log_path(HELPER)})")
+
+
 def _early_exits(job: _Job, failed: dict[int, int]) -> str:
     """Ranks that finished (status 0) while peers still expected them: a common cause of peer errors."""
-    done = [r for r, p in enumerate(job.procs) if r not in failed and p.poll() == 0]
+    done = [r for r, p in job.ranks.items() if r not in failed and p.poll() == 0]
     if not done:
         return ""
     return (f"\nnote: rank(s) {done} had already exited with status 0 while other ranks were still "
@@ -237,9 +273,9 @@ class _MismatchWatch:
         return None
 
 
-def _results(run_dir: Path, world_size: int) -> dict[int, dict]:
+def _results(run_dir: Path, ranks: list[int]) -> dict[int, dict]:
     out = {}
-    for rank in range(world_size):
+    for rank in ranks:
         try:
             out[rank] = json.loads((run_dir / "results" / f"{rank}.json").read_text())
         except (OSError, ValueError):
@@ -279,32 +315,35 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
     store, port = host_store(spec.timeout_s)
     job = _Job(spec)
     echo = _Echo(job.log_path(spec.echo_rank) if spec.echo_rank is not None else None, spec.echo_rank)
+    started = spec.started_ranks
     try:
         job.start(port)
         deadline = time.monotonic() + spec.timeout_s
         watch = _MismatchWatch(spec)
         while True:
-            codes = {r: p.poll() for r, p in enumerate(job.procs)}
+            codes = {r: p.poll() for r, p in job.ranks.items()}
             echo.pump()
             failed = {r: c for r, c in codes.items() if c not in (None, 0)}
             if failed:
                 err = _first_failure(job, failed)
-                err.results = _results(spec.run_dir, spec.world_size)
+                err.results = _results(spec.run_dir, started)
                 raise err
-            if all(c == 0 for c in codes.values()):
+            if job.helper is not None and job.helper.poll() not in (None, 0):
+                raise _helper_failure(job)
+            if all(c == 0 for c in codes.values()) and (job.helper is None or job.helper.poll() == 0):
                 break
             mismatch = watch.check()
             if mismatch:
                 raise LaunchError(f"ranks called mismatched collectives and can never proceed:\n{mismatch}")
             if time.monotonic() > deadline:
-                running = [r for r, c in codes.items() if c is None]
-                raise LaunchError(f"timed out after {spec.timeout_s:g} s (job.timeout_s); ranks still running: "
-                                  f"{running}; last output of rank {running[0]}:\n{_tail(job.log_path(running[0]))}"
+                running = [r for r, c in codes.items() if c is None] or [HELPER]
+                raise LaunchError(f"timed out after {spec.timeout_s:g} s (job.timeout_s); still running: "
+                                  f"{running}; last output of {running[0]}:\n{_tail(job.log_path(running[0]))}"
                                   f"{_flights(job)}")
             time.sleep(POLL_S)
         echo.pump()
-        results = _results(spec.run_dir, spec.world_size)
-        for rank in range(spec.world_size):
+        results = _results(spec.run_dir, started)
+        for rank in started:
             if rank not in results:
                 raise LaunchError(f"rank {rank} exited cleanly but left no result "
                                   f"({spec.run_dir / 'results' / f'{rank}.json'})", rank=rank)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.trace.flight import ISSUING, WAITING
-from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE, WAIT
+from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE, REDUCE_CODE, WAIT
 
 _now = time.perf_counter
 _NCOL = len(COLUMNS)
@@ -45,7 +45,7 @@ class Recorder:
     # -- points ------------------------------------------------------------------------------
     def _close_compute(self, now: float) -> None:
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
-        self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, self._mark, now])
+        self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, 0, self._mark, now])
         self._mark = now
         self._last_issue = None
 
@@ -79,7 +79,7 @@ class Recorder:
         return gid
 
     def issue(self, op: str, group_name: str, ranks: tuple[int, ...], peer: int, nbytes: int, dtype: str,
-              tag: int = -1, p2p_key: tuple | None = None) -> int:
+              tag: int = -1, p2p_key: tuple | None = None, reduce: str = "") -> int:
         """Record an op at the moment it is issued; returns its node index."""
         now = _now()
         self._close_compute(now)
@@ -92,7 +92,7 @@ class Recorder:
         idx = len(self.rows)
         code = OP_CODE[op]
         self.rows.append([COMM, code, gid, peer, nbytes, did, seq, tag, 0, -1, label, mb, chunk, self.step,
-                          now, float("nan")])
+                          REDUCE_CODE[reduce], now, float("nan")])
         if self.flight is not None:
             self.flight.set(ISSUING, code, gid, seq, nbytes, peer)
         return idx
@@ -134,7 +134,7 @@ class Recorder:
         self.rows[idx][_ASYNC] = 1
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         self.rows.append([WAIT, self.rows[idx][1], self.rows[idx][2], -1, 0, 0, -1, -1, 0, idx, label, mb, chunk,
-                          self.step, began, now])
+                          self.step, 0, began, now])
         self._mark = now
 
     # -- output ------------------------------------------------------------------------------

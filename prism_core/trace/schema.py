@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 COMPUTE, COMM, WAIT = 0, 1, 2
 KINDS = ("compute", "comm", "wait")
@@ -22,6 +22,8 @@ OPS = ("", "allreduce", "allreduce_coalesced", "broadcast", "allgather", "all_ga
        "reduce_scatter_single", "all_to_all_single", "alltoall", "send", "recv", "barrier", "scatter", "gather",
        "reduce")
 OP_CODE = {name: i for i, name in enumerate(OPS)}
+REDUCE_OPS = ("", "sum", "avg", "product", "max", "min", "band", "bor", "bxor")
+REDUCE_CODE = {name: i for i, name in enumerate(REDUCE_OPS)}
 P2P_OPS = frozenset({OP_CODE["send"], OP_CODE["recv"]})
 # ops whose root is recorded in `peer` (global rank)
 ROOTED_OPS = frozenset({OP_CODE[n] for n in ("broadcast", "scatter", "gather", "reduce")})
@@ -42,6 +44,7 @@ COLUMNS: dict[str, np.dtype] = {
     "mb": np.dtype(np.int32),
     "chunk": np.dtype(np.int32),
     "step": np.dtype(np.int32),
+    "reduce": np.dtype(np.int8),     # index into REDUCE_OPS for reductions, 0 otherwise
     "t_start": np.dtype(np.float64),
     "t_end": np.dtype(np.float64),
 }

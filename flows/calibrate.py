@@ -1,0 +1,90 @@
+"""Prefect wiring of Stage 2: one task per slice fanned out on Dask, then one calibration task.
+
+Each slice task asks Dask for `resources={"slots": S}` (S = emulation.sandbox), so a worker
+never runs more slices than it has slots. Locally the runner starts a `LocalCluster` of threads
+(no worker processes: they would each start their own Prefect server) with one worker whose
+slots are the machine's cores less one, the core the replay assistant needs; `dask_address`
+uses an existing scheduler instead (`dask worker --resources slots=N` on each machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import dask
+from prefect import flow, task
+from prefect.futures import wait
+from prefect_dask import DaskTaskRunner
+
+from flows.collect import collect_task
+from prism_core.calibrate.stage import SliceJob, calibrate_slices, slice_jobs
+from prism_core.config import config_from_dict, load_config
+from prism_core.replay.slices import run_slice
+from prism_core.trace import STORE_NAME, load_trace
+
+
+logging.getLogger("distributed").setLevel(logging.WARNING)   # Dask's own chatter; Prefect logs the slices
+
+
+def local_slots() -> int:
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def task_runner(dask_address: str | None = None) -> DaskTaskRunner:
+    if dask_address:
+        return DaskTaskRunner(address=dask_address)
+    slots = local_slots()
+    return DaskTaskRunner(cluster_kwargs={"processes": False, "n_workers": 1, "threads_per_worker": slots,
+                                          "resources": {"slots": slots}, "dashboard_address": None,
+                                          "local_directory": str(Path(tempfile.gettempdir()) / "prism-dask")})
+
+
+@task(name="time-slice", task_run_name="slice {index}: ranks {sandbox}")
+def slice_task(config: dict, graph_dir: str, index: int, sandbox: list[int], directory: str) -> str:
+    """Run one slice (sandbox ranks real, the rest replayed), or reuse it if it already finished."""
+    run_slice(config_from_dict(config), Path(graph_dir), sandbox, Path(directory))
+    return directory
+
+
+@task(name="calibrate", task_run_name="calibrate {name}")
+def calibrate_task(name: str, config: dict, graph_dir: str, timing_root: str, out_dir: str) -> dict:
+    cfg = config_from_dict(config)
+    trace = load_trace(Path(graph_dir) / STORE_NAME)
+    plan, jobs = slice_jobs(cfg, trace, Path(graph_dir), Path(timing_root))
+    return calibrate_slices(cfg, trace, plan, jobs, Path(out_dir))
+
+
+def stage_root(name: str) -> Path:
+    return Path("artifacts") / name
+
+
+@flow(name="prism-calibrate", task_runner=task_runner())
+def calibrate_flow(config_path: str, overrides: list[str] | None = None, out_dir: str | None = None,
+                   root: str | None = None) -> dict:
+    """collect (reused when unchanged) -> slices on Dask -> calibration; returns metrics.json's content."""
+    cfg = load_config(config_path, overrides or [])
+    base = Path(root) if root else stage_root(cfg.name)
+    config = cfg.model_dump(mode="json")
+    graph_dir = collect_task(cfg.name, config, str(base / "collect"))
+    trace = load_trace(Path(graph_dir) / STORE_NAME)
+    plan, jobs = slice_jobs(cfg, trace, Path(graph_dir), base / "timing")
+    futures = []
+    with dask.annotate(resources={"slots": cfg.emulation.sandbox}):
+        for job in jobs:
+            futures.append(slice_task.submit(config, graph_dir, job.index, job.sandbox, str(job.directory)))
+    wait(futures)    # every slice ends (or fails) before the flow reports; finished ones stay for a rerun
+    for f in futures:
+        f.result()   # raises the first failed slice's error
+    return calibrate_task(cfg.name, config, graph_dir, str(base / "timing"),
+                          out_dir or str(base / "calibrate"))
+
+
+def run_calibrate(config_path: str, overrides: list[str], out_dir: str | None, dask_address: str | None) -> dict:
+    runner = task_runner(dask_address)
+    return calibrate_flow.with_options(task_runner=runner)(config_path, overrides, out_dir)
+
+
+__all__ = ["SliceJob", "calibrate_flow", "run_calibrate", "slice_task", "calibrate_task", "task_runner"]

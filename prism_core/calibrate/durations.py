@@ -1,0 +1,160 @@
+"""Node durations measured in the slices, merged into one model of the whole graph.
+
+From a slice: each sandbox rank's trace (every node's start and end on this machine's
+monotonic clock) and the assistant's issue time of every virtual node. For each sandbox node:
+
+- compute, and ops that did not wait for peers: the span until the rank's next node began;
+- a blocking op that synchronised: its transfer time — end minus the moment its last member
+  arrived — plus what the rank spent after completion before its next node (not the wait for
+  late peers, which calibration recomputes);
+- an asynchronous op: the issue cost as its span, and its transfer time for the completion;
+- a wait: what it took after the op had completed.
+
+Ranks not timed themselves (other DP replicas) take the model of the rank they are renamed from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.calibrate.timeline import NO_RELEASE, OP_RELEASE, WAIT_RELEASE, CalibrationError, NodeModel
+from prism_core.trace import Trace, merge_parts
+from prism_core.trace.matching import OpMatch
+from prism_core.trace.schema import COMM, COMPUTE, OPS, WAIT
+
+# an op that ended this much before its last member arrived did not wait for it (a buffered send)
+SYNC_SLACK_S = 1e-6
+
+
+@dataclass
+class RankTiming:
+    """What one timed rank measured in its slice."""
+    span: np.ndarray
+    release: np.ndarray
+    completes_synced: np.ndarray
+    transfer: np.ndarray
+    step_times: list[float]      # as measured in the slice (the ablation without calibration)
+    gaps: list[float]            # per step: time between the previous step's end and this step's start
+    peaks: list[int | None]
+
+
+def _check_same_structure(bare: Trace, rank: int, measured: dict[str, np.ndarray], where: Path) -> None:
+    ref = bare.rank(rank)
+    if len(ref["kind"]) != len(measured["kind"]):
+        raise CalibrationError(f"rank {rank} ran {len(measured['kind'])} nodes in slice {where}, the bare graph has "
+                               f"{len(ref['kind'])}: the program's structure changed since collection; re-collect")
+    for col in ("kind", "op", "bytes", "seq", "async_"):
+        diff = np.nonzero(ref[col] != measured[col])[0]
+        if len(diff):
+            i = int(diff[0])
+            raise CalibrationError(f"rank {rank} in slice {where} differs from the bare graph at node {i} ({col}: "
+                                   f"{OPS[measured['op'][i]] if col == 'op' else measured[col][i]} vs "
+                                   f"{OPS[ref['op'][i]] if col == 'op' else ref[col][i]}); re-collect")
+
+
+def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[int]) -> dict[int, RankTiming]:
+    """The timing model of each sandbox rank of one slice."""
+    slice_dir = Path(slice_dir)
+    measured = merge_parts(slice_dir / "trace_parts", bare.world_size, sandbox)
+    issue = np.load(slice_dir / "replay" / "arrivals.npy")
+    if issue.shape != bare.columns["kind"].shape:
+        raise CalibrationError(f"{slice_dir}: the assistant's arrivals do not match the bare graph; rerun the slice")
+    for r in sandbox:
+        cols = measured.rank(r)
+        _check_same_structure(bare, r, cols, slice_dir)
+        issue[bare.rank_slice(r)] = cols["t_start"]
+    valid = match.order[np.isfinite(issue[match.order])]
+    last = np.full(match.n_ops, -np.inf)
+    np.maximum.at(last, match.op_id[valid], issue[valid])
+    out = {}
+    for r in sandbox:
+        out[r] = _rank_timing(bare, match, r, measured.rank(r), last, slice_dir)
+    return out
+
+
+def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.ndarray, slice_dir: Path) -> RankTiming:
+    kind, async_ = cols["kind"], cols["async_"]
+    t0, t1 = cols["t_start"], cols["t_end"]
+    n = len(kind)
+    nxt = np.empty(n)
+    nxt[:-1] = t0[1:]
+    if n:
+        nxt[-1] = t1[-1]
+    span = nxt - t0
+    release = np.full(n, NO_RELEASE, dtype=np.int8)
+    synced = np.zeros(n, dtype=bool)
+    transfer = np.zeros(n)
+    comm = np.nonzero(kind == COMM)[0]
+    arrive = last[match.op_id[bare.rank_slice(rank)][comm]]
+    lastest = np.maximum(arrive, t0[comm])
+    did_sync = t1[comm] >= lastest - SYNC_SLACK_S
+    synced[comm] = did_sync
+    transfer[comm] = np.where(did_sync, np.maximum(t1[comm] - lastest, 0.0), t1[comm] - t0[comm])
+    # An async op whose completion was only seen at its wait (gloo p2p works have no completion
+    # callback): it completed no later than the wait's end; all that is known of its transfer is
+    # the part the wait still had to sit out after both the wait began and the last peer arrived.
+    waits = np.nonzero(kind == WAIT)[0]
+    refs = cols["ref"][waits]
+    late = t1[refs] >= t1[waits] - SYNC_SLACK_S
+    seen_at_wait = refs[late]
+    if len(seen_at_wait):
+        pos = np.searchsorted(comm, seen_at_wait)
+        transfer[seen_at_wait] = np.maximum(t1[waits[late]] - np.maximum(lastest[pos], t0[waits[late]]), 0.0)
+        synced[seen_at_wait] = True
+    blocking = comm[(async_[comm] == 0) & did_sync]
+    release[blocking] = OP_RELEASE
+    span[blocking] = transfer[blocking] + np.maximum(nxt[blocking] - t1[blocking], 0.0)
+    release[waits] = WAIT_RELEASE
+    done = t1[refs]
+    span[waits] = np.maximum(nxt[waits] - np.maximum(t0[waits], done), 0.0)
+    if np.any(~np.isfinite(span)):
+        raise CalibrationError(f"rank {rank} in slice {slice_dir}: some nodes have no times (was it recorded?)")
+    result = json.loads((slice_dir / "results" / f"{rank}.json").read_text())
+    steps = result["step_times_s"]
+    step_col = cols["step"]
+    ends = [float(t1[np.nonzero(step_col == k)[0][-1]]) for k in range(len(steps)) if np.any(step_col == k)]
+    gaps = [0.0] + [max((ends[k] - ends[k - 1]) - steps[k], 0.0) for k in range(1, len(ends))]
+    return RankTiming(span=span, release=release, completes_synced=synced, transfer=transfer, step_times=steps,
+                      gaps=gaps, peaks=result.get("step_peaks") or [])
+
+
+def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray) -> NodeModel:
+    """The whole graph's model: each rank's own timing, or that of the rank it is renamed from."""
+    n = len(bare.columns["kind"])
+    span, transfer = np.zeros(n), np.zeros(n)
+    release = np.zeros(n, dtype=np.int8)
+    synced = np.zeros(n, dtype=bool)
+    for r in range(bare.world_size):
+        t = timings.get(int(source[r]))
+        if t is None:
+            raise CalibrationError(f"no slice timed rank {int(source[r])} (needed for rank {r})")
+        s = bare.rank_slice(r)
+        if len(t.span) != s.stop - s.start:
+            raise CalibrationError(f"rank {r} has {s.stop - s.start} nodes but rank {int(source[r])}, whose timing it "
+                                   f"takes, has {len(t.span)}")
+        span[s], transfer[s], release[s], synced[s] = t.span, t.transfer, t.release, t.completes_synced
+    ref = np.full(n, -1, dtype=np.int64)
+    waits = np.nonzero(bare.columns["kind"] == WAIT)[0]
+    rank_of = np.repeat(np.arange(bare.world_size), np.diff(bare.offsets))
+    ref[waits] = bare.offsets[rank_of[waits]] + bare.columns["ref"][waits]
+    return NodeModel(span=span, release=release, ref=ref, completes_synced=synced, transfer=transfer)
+
+
+def step_ends(bare: Trace, end: np.ndarray, rank: int) -> list[float]:
+    """End time of each step of `rank` (its last node carrying that step number)."""
+    s = bare.rank_slice(rank)
+    steps = bare.columns["step"][s]
+    e = end[s]
+    out = []
+    k = 0
+    while np.any(steps == k):
+        out.append(float(e[np.nonzero(steps == k)[0][-1]]))
+        k += 1
+    return out
+
+
+__all__ = ["RankTiming", "slice_timings", "merge_model", "step_ends", "COMPUTE"]

@@ -1,0 +1,73 @@
+"""Stage 2b: merge the slices into one timed graph and predict each rank's iteration time.
+
+`predict` solves the global timeline (`timeline.solve`) over the model merged from every slice
+(`durations`), reads each rank's step ends off it, and takes away the per-step gaps the program
+keeps outside its iterations (time between an optimizer step and the next `iteration_start`).
+Next to it, `uncalibrated` is what each rank measured in its own slice, where virtual peers
+answered as fast as the graph allowed: the paper's ablation without inter-slice calibration.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.calibrate.durations import RankTiming, merge_model, slice_timings, step_ends
+from prism_core.calibrate.timeline import CalibrationError, solve
+from prism_core.config import PrismConfig
+from prism_core.metrics import metrics_document, rank_metrics
+from prism_core.trace import Trace
+from prism_core.trace.matching import match_ops
+
+
+@dataclass
+class Prediction:
+    step_times: dict[int, list[float]]       # per rank, every step, calibrated
+    uncalibrated: dict[int, list[float]]     # per rank, as measured in its slice
+    peaks: dict[int, list[int | None]]
+    end: np.ndarray                          # end time of every node of the calibrated graph
+    start: np.ndarray
+    rounds: int
+
+
+def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray) -> Prediction:
+    match = match_ops(bare)
+    timings: dict[int, RankTiming] = {}
+    for directory, sandbox in slices:
+        timings.update(slice_timings(bare, match, directory, sandbox))
+    model = merge_model(bare, timings, source)
+    end, start, rounds = solve(model, match, bare.offsets, source=source)
+    step_times, uncalibrated, peaks = {}, {}, {}
+    for r in range(bare.world_size):
+        t = timings[int(source[r])]
+        ends = step_ends(bare, end, r)[:len(t.step_times)]
+        times = [ends[0] - t.gaps[0]] + [ends[k] - ends[k - 1] - t.gaps[k] for k in range(1, len(ends))]
+        step_times[r] = times
+        uncalibrated[r] = list(t.step_times)
+        peaks[r] = list(t.peaks)
+    return Prediction(step_times, uncalibrated, peaks, end, start, rounds)
+
+
+def _peak(peaks: list[int | None], warmup: int) -> int | None:
+    measured = [p for p in peaks[warmup:] if p is not None]
+    return max(measured) if measured else None
+
+
+def prediction_metrics(cfg: PrismConfig, prediction: Prediction) -> dict:
+    """metrics.json, mode "predicted", for every rank (DESIGN.md §9); the ablation rides along."""
+    warmup = cfg.job.warmup
+    ranks = {}
+    for r, times in prediction.step_times.items():
+        entry = rank_metrics(r, times, warmup, _peak(prediction.peaks[r], warmup))
+        measured = prediction.uncalibrated[r][warmup:]
+        entry["uncalibrated_iteration_time_s"] = statistics.median(measured) if measured else None
+        ranks[r] = entry
+    doc = metrics_document("predicted", cfg.job.world_size, ranks)
+    doc["calibration_rounds"] = prediction.rounds
+    return doc
+
+
+__all__ = ["Prediction", "predict", "prediction_metrics", "CalibrationError"]

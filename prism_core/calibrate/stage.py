@@ -1,0 +1,48 @@
+"""Stage 2 as the pipeline sees it: where slices live, and the calibration step that writes metrics.
+
+Slices live under `<timing root>/<graph key>/s<S>/slice_<i>_<key>/`, keyed by the bare graph
+they replay and their sandbox ranks, so a rerun reuses every slice that finished (a failed one is
+rerun alone). `calibrate_slices` merges them and writes `metrics.json` (mode "predicted") and
+the calibrated node times (`timeline.npz`) to the output directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.calibrate.predict import predict, prediction_metrics
+from prism_core.config import PrismConfig
+from prism_core.metrics import write_metrics
+from prism_core.replay.slices import TimingPlan, plan_slices, slice_key
+from prism_core.trace import Trace
+
+
+@dataclass
+class SliceJob:
+    index: int
+    sandbox: list[int]
+    directory: Path
+
+
+def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Path) -> tuple[TimingPlan, list[SliceJob]]:
+    plan = plan_slices(cfg, trace)
+    graph_key = Path(graph_dir).name
+    base = Path(timing_root) / graph_key / f"s{cfg.emulation.sandbox}"
+    jobs = [SliceJob(i, s, base / f"slice_{i}_{slice_key(graph_key, cfg, s)}") for i, s in enumerate(plan.slices)]
+    return plan, jobs
+
+
+def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path) -> dict:
+    """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`."""
+    prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source)
+    document = prediction_metrics(cfg, prediction)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / ".timeline.tmp.npz"
+    np.savez(tmp, start=prediction.start, end=prediction.end, offsets=trace.offsets)
+    tmp.replace(out_dir / "timeline.npz")
+    write_metrics(out_dir / "metrics.json", document)
+    return document

@@ -1,0 +1,102 @@
+"""Stage 2a: slice-by-slice timing fill (paper §5.3).
+
+A slice runs S ranks of the job for real — the unmodified program, instrumented exactly as in
+`prism record` — while the replay assistant hosts every other rank as a virtual rank walking the
+bare graph. Each sandbox rank records its node times; the assistant records when each virtual
+rank issued each op. Slices go round-robin over one DP equivalence class when every DP replica
+runs the same structure (the other replicas take their durations by renaming), otherwise over
+all ranks; every timed rank is real in exactly one slice.
+
+A slice's directory holds `slice.json` once it has succeeded; a rerun skips such slices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.config import PrismConfig
+from prism_core.launch.launcher import LaunchSpec, launch
+from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
+from prism_core.replay.assistant import ENV_LAZY_GLOO
+from prism_core.runtime import write_json_atomic
+from prism_core.topology import Topology
+from prism_core.trace import Trace, structural_diff
+
+SLICE_DONE = "slice.json"
+CACHE_NAME = "tensors.zarr"
+
+
+@dataclass
+class TimingPlan:
+    timed: list[int]          # ranks run for real, each in one slice
+    source: np.ndarray        # per rank: the timed rank whose durations it takes
+    slices: list[list[int]]   # sandbox ranks of each slice
+
+
+def plan_slices(cfg: PrismConfig, trace: Trace, sandbox: int | None = None) -> TimingPlan:
+    """Slices of `sandbox` (S) ranks covering one DP equivalence class, or every rank."""
+    s = sandbox or cfg.emulation.sandbox
+    world = trace.world_size
+    source = np.arange(world)
+    timed = list(range(world))
+    if cfg.job.is_builtin and (cfg.parallel.dp or 1) > 1:
+        from prism_core.collect.dedup import expand_replica, rank_map
+
+        topo = Topology.from_config(cfg)
+        if structural_diff(trace, expand_replica(trace, topo)) is None:
+            timed = sorted(topo.replica_ranks(0))
+            for d in range(topo.dp):
+                image = rank_map(topo, d)
+                for r in timed:
+                    source[image[r]] = r
+    return TimingPlan(timed=timed, source=source, slices=[timed[i:i + s] for i in range(0, len(timed), s)])
+
+
+def slice_key(graph_key: str, cfg: PrismConfig, sandbox: list[int]) -> str:
+    """What a slice's measurements depend on beyond the bare graph: its ranks and the device capacity."""
+    shaped = {"graph": graph_key, "sandbox": sorted(sandbox), "device_memory_bytes": cfg.job.device_memory_bytes,
+              "warmup": cfg.job.warmup}
+    return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class SliceOutput:
+    directory: Path
+    sandbox: list[int]
+    reused: bool
+
+
+def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path) -> SliceOutput:
+    """Run one slice (or reuse a finished one): sandbox ranks real, the rest replayed by the assistant."""
+    out_dir = Path(out_dir)
+    if (out_dir / SLICE_DONE).is_file():
+        return SliceOutput(out_dir, sorted(sandbox), True)
+    for sub in ("results", "errors", "trace_parts", "flight", "logs", "replay"):
+        shutil.rmtree(out_dir / sub, ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / "config.json"
+    write_json_atomic(config_path, cfg.model_dump(mode="json"))
+    env = {"PRISM_CONFIG": str(config_path.resolve()), ENV_INSTRUMENT: "1", ENV_MEMORY: "1", ENV_LAZY_GLOO: "1"}
+    if cfg.job.device_memory_bytes is not None:
+        env[ENV_CAPACITY] = str(cfg.job.device_memory_bytes)
+    graph_dir = Path(graph_dir)
+    helper = [sys.executable, "-m", "prism_core.replay.assistant", "--graph", str(graph_dir / "trace.zarr"),
+              "--sandbox", ",".join(map(str, sandbox)), "--result-dir", str(out_dir),
+              "--timeout", str(cfg.job.timeout_s)]
+    if (graph_dir / CACHE_NAME).is_dir():
+        helper += ["--cache", str(graph_dir / CACHE_NAME)]
+    spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
+                      timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
+                      helper=helper)
+    results = launch(spec)
+    write_json_atomic(out_dir / SLICE_DONE, {"sandbox": sorted(sandbox), "pid": os.getpid(),
+                                             "steps": {str(r): len(res["step_times_s"]) for r, res in results.items()}})
+    return SliceOutput(out_dir, sorted(sandbox), False)
