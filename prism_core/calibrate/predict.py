@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.calibrate.durations import RankTiming, merge_model, slice_timings, step_ends
-from prism_core.calibrate.timeline import CalibrationError, solve
+from prism_core.calibrate.timeline import CalibrationError, NodeModel, solve
 from prism_core.config import PrismConfig
 from prism_core.metrics import metrics_document, rank_metrics
 from prism_core.trace import Trace
@@ -31,6 +31,7 @@ class Prediction:
     end: np.ndarray                          # end time of every node of the calibrated graph
     start: np.ndarray
     rounds: int
+    model: NodeModel
 
 
 def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray) -> Prediction:
@@ -48,7 +49,7 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
         step_times[r] = times
         uncalibrated[r] = list(t.step_times)
         peaks[r] = list(t.peaks)
-    return Prediction(step_times, uncalibrated, peaks, end, start, rounds)
+    return Prediction(step_times, uncalibrated, peaks, end, start, rounds, model)
 
 
 def _peak(peaks: list[int | None], warmup: int) -> int | None:

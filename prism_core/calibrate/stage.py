@@ -16,7 +16,7 @@ import numpy as np
 from prism_core.calibrate.predict import predict, prediction_metrics
 from prism_core.config import PrismConfig
 from prism_core.metrics import write_metrics
-from prism_core.replay.slices import TimingPlan, plan_slices, slice_key
+from prism_core.replay.slices import TimingPlan, plan_slices, run_slice, slice_key
 from prism_core.trace import Trace
 
 
@@ -35,6 +35,17 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
     return plan, jobs
 
 
+def time_and_calibrate(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Path, out_dir: Path,
+                       on_slice=None) -> dict:
+    """Every slice in turn on this machine (reusing finished ones), then calibration: Stage 2 without Prefect."""
+    plan, jobs = slice_jobs(cfg, trace, graph_dir, timing_root)
+    for job in jobs:
+        out = run_slice(cfg, graph_dir, job.sandbox, job.directory)
+        if on_slice is not None:
+            on_slice(job, out)
+    return calibrate_slices(cfg, trace, plan, jobs, out_dir)
+
+
 def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path) -> dict:
     """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`."""
     prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source)
@@ -42,7 +53,9 @@ def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: lis
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / ".timeline.tmp.npz"
-    np.savez(tmp, start=prediction.start, end=prediction.end, offsets=trace.offsets)
+    m = prediction.model
+    np.savez(tmp, start=prediction.start, end=prediction.end, offsets=trace.offsets, span=m.span,
+             transfer=m.transfer, release=m.release, completes_synced=m.completes_synced)
     tmp.replace(out_dir / "timeline.npz")
     write_metrics(out_dir / "metrics.json", document)
     return document

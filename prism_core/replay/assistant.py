@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import heapq
 import os
 import queue
 import sys
@@ -25,6 +26,7 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +47,13 @@ class _Handle:
 
 
 class _Local:
-    __slots__ = ("arrived", "handles", "sent")
+    __slots__ = ("arrived", "handles", "sent", "last")
 
     def __init__(self):
         self.arrived = 0
-        self.handles: list[_Handle] = []
+        self.handles: list[tuple[_Handle, int]] = []   # (handle, node) of the members so far
         self.sent = False
+        self.last = 0.0
 
 
 def c10d_store(base, group_name: str):
@@ -62,7 +65,7 @@ def c10d_store(base, group_name: str):
 
 
 class Assistant:
-    def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float):
+    def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float, model=None):
         from prism_core.replay.virtual_ops import Inputs
         from prism_core.trace.matching import match_ops
 
@@ -78,6 +81,9 @@ class Assistant:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="p2p-wait")
         self.local: dict[int, _Local] = {}
+        self.model = model        # timed mode: the calibrated NodeModel (spans, transfers); None: structure
+        self.timers: list = []
+        self._timer_seq = 0
 
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
@@ -98,6 +104,7 @@ class Assistant:
 
         c = self.trace.columns
         kind, async_, ref = c["kind"], c["async_"], c["ref"]
+        span = self.model.span if self.model is not None else None
         pos = {r: int(self.trace.offsets[r]) for r in self.virtual}
         end = {r: int(self.trace.offsets[r + 1]) for r in self.virtual}
         handles: dict[int, dict[int, _Handle]] = {r: {} for r in self.virtual}
@@ -115,6 +122,10 @@ class Assistant:
                     k = kind[i]
                     if k == COMPUTE:
                         i += 1
+                        if span is not None and span[i - 1] > 0:    # timed: the node takes its time
+                            self._at(time.perf_counter() + span[i - 1], r)
+                            blocked[r] = (i - 1, "computing at")
+                            break
                         continue
                     if k == COMM:
                         h = self._issue(r, i)
@@ -138,8 +149,18 @@ class Assistant:
                     remaining -= 1
             if not remaining:
                 break
+            now = time.perf_counter()
+            while self.timers and self.timers[0][0] <= now:
+                _, _, what = heapq.heappop(self.timers)
+                if isinstance(what, _Handle):
+                    self._finish(what, ready)
+                else:
+                    ready.append(what)
+            if ready:
+                continue
+            wait = 1.0 if not self.timers else self.timers[0][0] - now
             try:
-                h = self.events.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+                h = self.events.get(timeout=max(0.0, min(wait, deadline - time.monotonic())))
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     raise TimeoutError(self._report(blocked)) from None
@@ -152,6 +173,19 @@ class Assistant:
                     h = self.events.get_nowait()
                 except queue.Empty:
                     break
+
+    def _at(self, when: float, what) -> None:
+        """Timed mode: at `when`, resume a rank (an int) or complete a handle."""
+        self._timer_seq += 1
+        heapq.heappush(self.timers, (when, self._timer_seq, what))
+
+    def _complete_local(self, h: _Handle, i: int, arrived: float) -> None:
+        """An in-process op's member completes: at once (structure), or after its transfer (timed)."""
+        if self.model is None or self.model.transfer[i] <= 0:
+            h.done = True
+            self.events.put(h)
+        else:
+            self._at(arrived + self.model.transfer[i], h)
 
     def _finish(self, h: _Handle, ready: deque) -> None:
         h.done = True
@@ -184,28 +218,29 @@ class Assistant:
         if entry is None:
             entry = self.local[int(self.match.op_id[i])] = _Local()
         op_id = int(self.match.op_id[i])
+        now = self.arrivals[i]
         if OPS[op] == "send":              # in-process sends are buffered: done at once
             h.done = True
             if entry.handles:              # the recv came first
-                self.events.put(entry.handles[0])
+                recv_h, recv_i = entry.handles[0]
+                self._complete_local(recv_h, recv_i, now)
                 del self.local[op_id]
             else:
                 entry.sent = True
+                entry.last = now
             return h
         if OPS[op] == "recv":
             if entry.sent:
-                h.done = True
+                self._complete_local(h, i, now)
                 del self.local[op_id]
             else:
-                entry.handles.append(h)
+                entry.handles.append((h, i))
             return h
         entry.arrived += 1
-        entry.handles.append(h)
+        entry.handles.append((h, i))
         if entry.arrived == self.match.members[op_id]:
-            for member in entry.handles:
-                member.done = True
-                if member is not h:
-                    self.events.put(member)
+            for member, node in entry.handles:
+                self._complete_local(member, node, now)
             del self.local[op_id]
         return h
 
@@ -254,18 +289,39 @@ class Assistant:
         self.inputs.close()
 
 
-def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float) -> None:
-    """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals."""
+@dataclass
+class ReplayTiming:
+    span: np.ndarray        # per node: seconds it takes (compute) on the calibrated timeline
+    transfer: np.ndarray    # per node: seconds from the last arrival to completion (communication)
+
+
+def load_timing(path: Path) -> ReplayTiming:
+    with np.load(path) as data:
+        return ReplayTiming(span=data["span"], transfer=data["transfer"])
+
+
+def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
+                  timing: Path | None = None) -> None:
+    """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
+
+    `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
+    time for each node; without it they replay the structure as fast as it allows.
+    """
     import torch
     import torch.distributed as dist
 
+    from prism_core.runtime import write_json_atomic
     from prism_core.trace import load_trace
 
     torch.set_num_threads(1)
     trace = load_trace(graph)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                           timeout=datetime.timedelta(seconds=timeout_s))
-    assistant = Assistant(trace, set(sandbox), cache, timeout_s)
+    model = load_timing(timing) if timing is not None else None
+    if model is not None and model.span.shape != trace.columns["kind"].shape:
+        raise ValueError(f"{timing} does not belong to the graph {graph}")
+    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model)
+    started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)
         assistant.run()
@@ -273,6 +329,11 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         assistant.close()
     out = result_dir / "replay"
     out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "stats.json", {
+        "virtual_ranks": len(assistant.virtual), "gloo_groups": len(assistant.pgs),
+        "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
+        "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu0, "timed": model is not None})
     tmp = out / f".arrivals.{os.getpid()}.npy"
     np.save(tmp, assistant.arrivals)
     os.replace(tmp, out / "arrivals.npy")
@@ -288,11 +349,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--result-dir", required=True, type=Path)
     parser.add_argument("--cache", type=Path, default=None, help="tensors.zarr of the collection, if any")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--timing", type=Path, default=None, help="timeline.npz: replay in calibrated time")
     ns = parser.parse_args(argv)
     _die_with_launcher()
     os.environ[ENV_LAZY_GLOO] = "1"
     try:
-        run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout)
+        run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
+                      ns.timing)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

@@ -74,8 +74,12 @@ class SliceOutput:
     reused: bool
 
 
-def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path) -> SliceOutput:
-    """Run one slice (or reuse a finished one): sandbox ranks real, the rest replayed by the assistant."""
+def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
+              timing: Path | None = None) -> SliceOutput:
+    """Run one slice (or reuse a finished one): sandbox ranks real, the rest replayed by the assistant.
+
+    `timing`: a calibrated `timeline.npz`; the virtual ranks then replay in calibrated time.
+    """
     out_dir = Path(out_dir)
     if (out_dir / SLICE_DONE).is_file():
         return SliceOutput(out_dir, sorted(sandbox), True)
@@ -93,6 +97,8 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
               "--timeout", str(cfg.job.timeout_s)]
     if (graph_dir / CACHE_NAME).is_dir():
         helper += ["--cache", str(graph_dir / CACHE_NAME)]
+    if timing is not None:
+        helper += ["--timing", str(timing)]
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
                       helper=helper)

@@ -1,0 +1,119 @@
+"""Slices: sandbox ranks run the real program while the assistant replays every other rank.
+
+Each rank is real in exactly one slice; the slice's trace has the bare graph's structure; the
+virtual ranks' issue times are recorded; finished slices are reused; a crashing sandbox rank is
+reported with its traceback and leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prism_core.calibrate.stage import slice_jobs, time_and_calibrate
+from prism_core.collect import collect_rules
+from prism_core.collect.stage import collect
+from prism_core.config import config_from_dict, load_config
+from prism_core.launch import LaunchError
+from prism_core.record import RecordOptions, record
+from prism_core.replay.slices import SLICE_DONE, plan_slices, run_slice
+from prism_core.trace.schema import COMM
+
+from tests.jobs import assert_nothing_left, make_job
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _virtual_issues_recorded(trace, job) -> None:
+    arrivals = np.load(job.directory / "replay" / "arrivals.npy")
+    for r in range(trace.world_size):
+        s = trace.rank_slice(r)
+        comm = trace.columns["kind"][s] == COMM
+        issued = np.isfinite(arrivals[s][comm])
+        assert issued.all() if r not in job.sandbox else not issued.any(), f"rank {r} in slice {job.sandbox}"
+
+
+@pytest.mark.timeout(300)
+def test_moe_pp2_slices_predict_every_rank_with_the_real_runs_memory(tmp_path):
+    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1"])
+    graph = collect(cfg, tmp_path / "collect")
+    document = time_and_calibrate(cfg, graph.trace, graph.directory, tmp_path / "timing", tmp_path / "calibrate")
+    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, tmp_path / "timing")
+    assert [j.sandbox for j in jobs] == [[0], [1]]
+    for job in jobs:
+        _virtual_issues_recorded(graph.trace, job)
+        stats = json.loads((job.directory / "replay" / "stats.json").read_text())
+        assert stats["virtual_ranks"] == 1 and stats["groups_instantiated"] >= 1
+    assert document["mode"] == "predicted" and set(document["ranks"]) == {"0", "1"}
+    real = record(cfg, tmp_path / "record", options=RecordOptions(echo=False))
+    for r, entry in document["ranks"].items():
+        assert len(entry["step_times_s"]) == cfg.job.iterations - cfg.job.warmup and all(t > 0 for t in entry["step_times_s"])
+        # the program really ran in its slice: its peak memory is the real run's, to the byte
+        assert entry["peak_memory_bytes"] == real["ranks"][r]["peak_memory_bytes"]
+    assert (tmp_path / "calibrate" / "metrics.json").is_file()
+    assert (tmp_path / "calibrate" / "timeline.npz").is_file()
+
+
+@pytest.mark.timeout(300)
+def test_pipelining_script_gets_its_shape_metadata_from_a_virtual_peer(tmp_path):
+    # rank 1 alone learns its input shapes through recv_object_list from virtual rank 0: the
+    # assistant sends what the collection cached
+    cfg = config_from_dict({"name": "pp", "job": {"program": str(SCRIPTS / "pipeline_1f1b.py"), "world_size": 2,
+                                                  "iterations": 3, "warmup": 1, "args": ["--steps", "3"]},
+                            "emulation": {"sandbox": 1}})
+    graph = collect(cfg, tmp_path / "collect")
+    document = time_and_calibrate(cfg, graph.trace, graph.directory, tmp_path / "timing", tmp_path / "calibrate")
+    assert set(document["ranks"]) == {"0", "1"}
+
+
+@pytest.mark.timeout(300)
+def test_dp_replicas_are_timed_once_and_renamed(tmp_path):
+    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml",
+                      ["job.world_size=4", "parallel.dp=2", "parallel.microbatches=2", "job.iterations=3",
+                       "emulation.collect_mode=rules", "emulation.sandbox=2"])
+    trace = collect_rules(cfg, tmp_path / "rules", slots=2).trace
+    plan = plan_slices(cfg, trace)
+    assert plan.timed == [0, 2]                  # one DP replica: one rank per pipeline stage
+    assert plan.source.tolist() == [0, 0, 2, 2]  # replica 1 takes replica 0's durations
+    assert plan.slices == [plan.timed]
+
+
+CRASH_SCRIPT = """
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.ones(4) * (rank + 1)
+        dist.all_reduce(x)
+        if rank == 1 and step == 1 and Path(os.environ["CRASH_FLAG"]).exists():
+            raise RuntimeError("rank 1 fails in its slice on purpose")
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_crashing_slice_is_reported_and_finished_slices_are_reused(tmp_path, monkeypatch):
+    flag = tmp_path / "crash"
+    monkeypatch.setenv("CRASH_FLAG", str(flag))
+    config, script = make_job(tmp_path, CRASH_SCRIPT, name="crash", iterations=3)
+    cfg = load_config(config, ["emulation.sandbox=1"])
+    graph = collect(cfg, tmp_path / "collect")
+    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, tmp_path / "timing")
+    flag.write_text("")
+    run_slice(cfg, graph.directory, jobs[0].sandbox, jobs[0].directory)
+    with pytest.raises(LaunchError, match="rank 1 failed(.|\n)*fails in its slice on purpose"):
+        run_slice(cfg, graph.directory, jobs[1].sandbox, jobs[1].directory)
+    assert_nothing_left(tmp_path, script)
+    assert not (jobs[1].directory / SLICE_DONE).exists()
+    stamp = (jobs[0].directory / SLICE_DONE).stat().st_mtime_ns
+    flag.unlink()
+    assert run_slice(cfg, graph.directory, jobs[0].sandbox, jobs[0].directory).reused
+    assert not run_slice(cfg, graph.directory, jobs[1].sandbox, jobs[1].directory).reused
+    assert (jobs[0].directory / SLICE_DONE).stat().st_mtime_ns == stamp
+    assert_nothing_left(tmp_path, script)
