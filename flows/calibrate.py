@@ -82,9 +82,11 @@ def calibrate_flow(config_path: str, overrides: list[str] | None = None, out_dir
                           out_dir or str(base / "calibrate"))
 
 
-def run_calibrate(config_path: str, overrides: list[str], out_dir: str | None, dask_address: str | None) -> dict:
+def run_calibrate(config_path: str, overrides: list[str], out_dir: str | None, dask_address: str | None,
+                  root: str | None = None) -> dict:
+    """The calibrate flow on a local Dask cluster, or on the scheduler at `dask_address`."""
     runner = task_runner(dask_address)
-    return calibrate_flow.with_options(task_runner=runner)(config_path, overrides, out_dir)
+    return calibrate_flow.with_options(task_runner=runner)(config_path, overrides, out_dir, root)
 
 
 __all__ = ["SliceJob", "calibrate_flow", "run_calibrate", "slice_task", "calibrate_task", "task_runner"]

@@ -17,6 +17,7 @@ import sys
 import time
 
 import torch
+import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
 from prism_core.backend.reduce_ops import reduce_name
@@ -172,50 +173,50 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     # -- collectives -----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.AllreduceOptions()
+        opts = opts if opts is not None else c10d.AllreduceOptions()
         if opts.reduceOp == dist.ReduceOp.PREMUL_SUM:
             raise _unsupported("allreduce with ReduceOp.PREMUL_SUM", "gloo cannot run it; scale before a SUM")
         return self._run("allreduce", tensors, tensors, lambda: [self._inner.allreduce(tensors, opts)],
                          reduce=opts.reduceOp)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()
         return self._run("allreduce_coalesced", tensors, tensors,
                          lambda: [self._inner.allreduce_coalesced(tensors, opts)], reduce=opts.reduceOp)
 
     def broadcast(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.BroadcastOptions()
+        opts = opts if opts is not None else c10d.BroadcastOptions()
         return self._run("broadcast", tensors, tensors, lambda: [self._inner.broadcast(tensors, opts)],
                          peer=opts.rootRank)
 
     def allgather(self, output_lists, inputs, opts=None):
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else c10d.AllgatherOptions()
         return self._run("allgather", inputs, output_lists, lambda: [self._inner.allgather(output_lists, inputs, opts)])
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else c10d.AllgatherOptions()
         return self._run("all_gather_single", [input], [output],
                          lambda: [self._inner._allgather_base(output, input, opts)])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else c10d.AllgatherOptions()
         return self._run("all_gather_single", inputs, outputs,
                          lambda: [self._inner._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)])
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
         return self._run("reduce_scatter", input_lists, outputs,
                          lambda: [self._inner.reduce_scatter(outputs, input_lists, opts)], reduce=opts.reduceOp)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
         return self._run("reduce_scatter_single", [input], [output],
                          lambda: [self._inner._reduce_scatter_base(output, input, opts)], reduce=opts.reduceOp)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
         return self._run("reduce_scatter_single", inputs, outputs,
                          lambda: [self._inner._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)],
                          reduce=opts.reduceOp)
@@ -223,30 +224,30 @@ class PrismProcessGroup(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
-        opts = opts if opts is not None else dist.AllToAllOptions()
+        opts = opts if opts is not None else c10d.AllToAllOptions()
         return self._run("all_to_all_single", [input], [output],
                          lambda: [self._inner.alltoall_base(output, input, output_splits, input_splits, opts)])
 
     def alltoall(self, outputs, inputs, opts=None):
-        opts = opts if opts is not None else dist.AllToAllOptions()
+        opts = opts if opts is not None else c10d.AllToAllOptions()
         return self._run("alltoall", inputs, outputs, lambda: [self._inner.alltoall(outputs, inputs, opts)])
 
     def barrier(self, opts=None):
-        opts = opts if opts is not None else dist.BarrierOptions()
+        opts = opts if opts is not None else c10d.BarrierOptions()
         return self._run("barrier", [], [], lambda: [self._inner.barrier(opts)])
 
     def scatter(self, outputs, input_lists, opts=None):
-        opts = opts if opts is not None else dist.ScatterOptions()
+        opts = opts if opts is not None else c10d.ScatterOptions()
         return self._run("scatter", outputs, outputs, lambda: [self._inner.scatter(outputs, input_lists, opts)],
                          peer=opts.rootRank)
 
     def gather(self, output_lists, inputs, opts=None):
-        opts = opts if opts is not None else dist.GatherOptions()
+        opts = opts if opts is not None else c10d.GatherOptions()
         return self._run("gather", inputs, output_lists, lambda: [self._inner.gather(output_lists, inputs, opts)],
                          peer=opts.rootRank)
 
     def reduce(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.ReduceOptions()
+        opts = opts if opts is not None else c10d.ReduceOptions()
         return self._run("reduce", tensors, tensors, lambda: [self._inner.reduce(tensors, opts)], peer=opts.rootRank,
                          reduce=opts.reduceOp)
 

@@ -38,12 +38,13 @@ ASSISTANT = "assistant"
 class _Handle:
     """One op of one virtual rank: done once its outputs are in; ranks blocked on it wait here."""
 
-    __slots__ = ("done", "waiters", "keep")
+    __slots__ = ("done", "waiters", "keep", "when")
 
     def __init__(self):
         self.done = False
         self.waiters: list[int] = []
         self.keep = None
+        self.when: float | None = None   # completion time, when known
 
 
 class _Local:
@@ -56,12 +57,21 @@ class _Local:
         self.last = 0.0
 
 
+DEFAULT_GROUP = "0"   # c10d names the default group "0"; later groups count up from 1
+
+
 def c10d_store(base, group_name: str):
-    """The store c10d hands the prism backend for group `group_name`, with the backend's own prefix."""
+    """The store c10d hands the prism backend for group `group_name`, with the backend's own prefix.
+
+    As torch 2.x builds it: the default group's store is `default_pg` / `0/`; every later group's
+    is `<name>/` on top of the default group's store; each backend then adds `<device>/`.
+    """
     import torch.distributed as dist
 
-    return dist.PrefixStore("prism_gloo/", dist.PrefixStore("cpu/", dist.PrefixStore(
-        f"{group_name}/", dist.PrefixStore("default_pg", base))))
+    store = dist.PrefixStore(f"{DEFAULT_GROUP}/", dist.PrefixStore("default_pg", base))
+    if group_name != DEFAULT_GROUP:
+        store = dist.PrefixStore(f"{group_name}/", store)
+    return dist.PrefixStore("prism_gloo/", dist.PrefixStore("cpu/", store))
 
 
 class Assistant:
@@ -84,13 +94,23 @@ class Assistant:
         self.model = model        # timed mode: the calibrated NodeModel (spans, transfers); None: structure
         self.timers: list = []
         self._timer_seq = 0
+        self.clock: dict[int, float] = {}
 
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
         """A gloo group per virtual member of every group holding a sandbox rank (lazily connected)."""
         import torch.distributed as dist
 
+        from prism_core.trace.schema import OPS
+
         timeout = datetime.timedelta(seconds=self.timeout_s)
+        c = self.trace.columns
+        wanted: dict[int, list[str]] = {}
+        for r in self.virtual:
+            s = self.trace.rank_slice(r)
+            nodes = s.start + np.nonzero(np.isin(c["group"][s], list(self.real_groups)))[0]
+            wanted[r] = [self._key(r, int(i)) for i in nodes if OPS[c["op"][i]] != "recv"]
+        self.inputs.preload(wanted)
         for g in sorted(self.real_groups):
             members = self.trace.groups[g]
             store = c10d_store(base_store, self.trace.group_names[g])
@@ -112,6 +132,10 @@ class Assistant:
         ready = deque(self.virtual)
         remaining = len(self.virtual)
         deadline = time.monotonic() + self.timeout_s
+        # timed mode: each rank's own clock, the ideal end of its previous node, so that late
+        # wake-ups do not add up over thousands of nodes
+        start = time.perf_counter()
+        self.clock = dict.fromkeys(self.virtual, start)
         while remaining:
             while ready:
                 r = ready.popleft()
@@ -122,10 +146,12 @@ class Assistant:
                     k = kind[i]
                     if k == COMPUTE:
                         i += 1
-                        if span is not None and span[i - 1] > 0:    # timed: the node takes its time
-                            self._at(time.perf_counter() + span[i - 1], r)
-                            blocked[r] = (i - 1, "computing at")
-                            break
+                        if span is not None:                          # timed: the node takes its time
+                            self.clock[r] += span[i - 1]
+                            if self.clock[r] > time.perf_counter():
+                                self._at(self.clock[r], r)
+                                blocked[r] = (i - 1, "computing at")
+                                break
                         continue
                     if k == COMM:
                         h = self._issue(r, i)
@@ -183,13 +209,18 @@ class Assistant:
         """An in-process op's member completes: at once (structure), or after its transfer (timed)."""
         if self.model is None or self.model.transfer[i] <= 0:
             h.done = True
+            h.when = arrived
             self.events.put(h)
         else:
-            self._at(arrived + self.model.transfer[i], h)
+            h.when = arrived + self.model.transfer[i]
+            self._at(h.when, h)
 
     def _finish(self, h: _Handle, ready: deque) -> None:
         h.done = True
         h.keep = None
+        when = h.when if h.when is not None else time.perf_counter()
+        for r in h.waiters:
+            self.clock[r] = max(self.clock[r], when)
         ready.extend(h.waiters)
         h.waiters = []
 
@@ -198,7 +229,8 @@ class Assistant:
 
         c = self.trace.columns
         lines = [f"virtual rank {r} blocked {how} {OPS[c['op'][i]]} #{c['seq'][i]} of group "
-                 f"{list(self.trace.groups[c['group'][i]])}" for r, (i, how) in sorted(blocked.items())[:20]]
+                 f"{list(self.trace.groups[c['group'][i]])} (name {self.trace.group_names[c['group'][i]]!r}, "
+                 f"{c['bytes'][i]} B)" for r, (i, how) in sorted(blocked.items())[:20]]
         return (f"replay did not finish within {self.timeout_s:g} s; " + ("; ".join(lines) or
                 "no virtual rank is blocked"))
 
@@ -247,40 +279,54 @@ class Assistant:
     def _issue_gloo(self, rank: int, i: int, h: _Handle) -> None:
         import torch
 
-        from prism_core.replay.virtual_ops import OpSpec, issue
+        from prism_core.replay.virtual_ops import OpSpec, issue, prepare
         from prism_core.trace.schema import OPS, REDUCE_OPS, ROOTED_OPS
 
         c = self.trace.columns
         g = int(c["group"][i])
         members = self.trace.groups[g]
         kind = OPS[c["op"][i]]
-        name = self.trace.group_names[g]
         peer = int(c["peer"][i])
-        if kind in ("send", "recv"):
-            src, dst = (rank, peer) if kind == "send" else (peer, rank)
-            key = f"p/{name}/{src}/{dst}/{int(c['tag'][i])}/{int(c['seq'][i])}"
-        else:
-            key = f"c/{name}/{int(c['seq'][i])}"
+        key = self._key(rank, i)
         spec = OpSpec(kind=kind, key=key, group=tuple(members), me=members.index(rank), nbytes=int(c["bytes"][i]),
                       dtype=getattr(torch, self.trace.dtypes[c["dtype"][i]] or "float32"),
                       reduce=REDUCE_OPS[c["reduce"][i]],
                       root=members.index(peer) if c["op"][i] in ROOTED_OPS and peer >= 0 else None,
                       peer=members.index(peer) if kind in ("send", "recv") else None, tag=int(c["tag"][i]))
-        works, keep = issue(self.pgs[(rank, g)], spec, rank, self.inputs)
+        tensors = prepare(spec, rank, self.inputs)
+        self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
+        works, keep = issue(self.pgs[(rank, g)], spec, tensors)
         h.keep = (works, keep)
         if kind not in ("send", "recv") and len(works) == 1:
             try:
-                works[0].get_future().then(lambda _f, h=h: self.events.put(h))
+                works[0].get_future().then(lambda _f, h=h: self._done_at(h))
                 return
             except RuntimeError:   # some gloo works have no future
                 pass
         self.pool.submit(self._wait, works, h)
 
+    def _done_at(self, h: _Handle) -> None:
+        h.when = time.perf_counter()
+        self.events.put(h)
+
+    def _key(self, rank: int, i: int) -> str:
+        """The op's key in the tensor cache, as context-switching collection wrote it."""
+        from prism_core.trace.schema import OPS
+
+        c = self.trace.columns
+        name = self.trace.group_names[c["group"][i]]
+        kind = OPS[c["op"][i]]
+        if kind in ("send", "recv"):
+            peer = int(c["peer"][i])
+            src, dst = (rank, peer) if kind == "send" else (peer, rank)
+            return f"p/{name}/{src}/{dst}/{int(c['tag'][i])}/{int(c['seq'][i])}"
+        return f"c/{name}/{int(c['seq'][i])}"
+
     def _wait(self, works, h: _Handle) -> None:
         try:
             for w in works:
                 w.wait()
-            self.events.put(h)
+            self._done_at(h)
         except BaseException as err:  # noqa: BLE001 - reported on the loop's thread
             self.events.put(err)
 

@@ -94,7 +94,7 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
     graph_dir = Path(graph_dir)
     helper = [sys.executable, "-m", "prism_core.replay.assistant", "--graph", str(graph_dir / "trace.zarr"),
               "--sandbox", ",".join(map(str, sandbox)), "--result-dir", str(out_dir),
-              "--timeout", str(cfg.job.timeout_s)]
+              "--timeout", str(0.9 * cfg.job.timeout_s)]   # its report of blocked virtual ranks comes first
     if (graph_dir / CACHE_NAME).is_dir():
         helper += ["--cache", str(graph_dir / CACHE_NAME)]
     if timing is not None:

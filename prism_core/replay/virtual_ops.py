@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
 from prism_core.backend.reduce_ops import BY_NAME
@@ -37,25 +38,54 @@ class OpSpec:
     tag: int = 0
 
 
+PRELOAD_BYTES = 2 << 30   # cached inputs held in memory ahead of the replay, at most
+
+
 class Inputs:
-    """Cached inputs of every rank that has a cache group (None where the cache has no answer)."""
+    """Cached inputs of every rank that has a cache group (None where the cache has no answer).
+
+    `preload` reads the tensors a replay will send before it starts (up to PRELOAD_BYTES), so no
+    virtual rank reads the store on the way to a transfer; beyond that they are read on demand.
+    """
 
     def __init__(self, cache_root, ranks):
         self._readers: dict[int, TensorCacheReader] = {}
+        self._held: dict[tuple[int, str], list[torch.Tensor]] = {}
+        self._splits: dict[tuple[int, str], list[int]] = {}
         if cache_root is not None:
             for r in ranks:
                 if (cache_root / "ranks" / str(r)).is_dir():
                     self._readers[r] = TensorCacheReader(cache_root, r)
 
-    def get(self, rank: int, key: str) -> list[torch.Tensor] | None:
+    def preload(self, wanted: dict[int, list[str]]) -> int:
+        held = 0
+        for rank, keys in wanted.items():
+            for key in keys:
+                if held > PRELOAD_BYTES:
+                    return held
+                tensors = self._read(rank, key)
+                if tensors is not None:
+                    self._held[(rank, key)] = tensors
+                    held += sum(t.numel() * t.element_size() for t in tensors)
+                splits = self._read_splits(rank, key)
+                if splits is not None:
+                    self._splits[(rank, key)] = splits
+        return held
+
+    def _read(self, rank: int, key: str) -> list[torch.Tensor] | None:
         reader = self._readers.get(rank)
         if reader is None or f"{key}/0" not in reader:
             return None
         out, i = [], 0
         while f"{key}/{i}" in reader:
-            out.append(reader.get(f"{key}/{i}").clone())
+            out.append(reader.get(f"{key}/{i}"))
             i += 1
         return out
+
+    def get(self, rank: int, key: str) -> list[torch.Tensor] | None:
+        held = self._held.pop((rank, key), None)
+        tensors = held if held is not None else self._read(rank, key)
+        return None if tensors is None else [t.clone() for t in tensors]
 
     def shape(self, rank: int, key: str) -> tuple[int, ...] | None:
         reader = self._readers.get(rank)
@@ -64,6 +94,10 @@ class Inputs:
         return reader.shape(key)
 
     def splits(self, rank: int, key: str) -> list[int] | None:
+        held = self._splits.get((rank, key))
+        return held if held is not None else self._read_splits(rank, key)
+
+    def _read_splits(self, rank: int, key: str) -> list[int] | None:
         reader = self._readers.get(rank)
         if reader is None or f"{key}/splits" not in reader:
             return None
@@ -81,71 +115,89 @@ def _zeros(nbytes: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(nbytes // size, dtype=dtype)
 
 
-def issue(pg: dist.ProcessGroup, op: OpSpec, rank: int, inputs: Inputs) -> tuple[list, list]:
+@dataclass
+class Prepared:
+    """What an op needs from the cache, read before the transfer starts."""
+    cached: list[torch.Tensor] | None
+    in_splits: list[int]
+    out_splits: list[int]
+    shapes: list[tuple[int, ...] | None]    # alltoall: what each member sends here; recv: the sender's
+
+
+def prepare(op: OpSpec, rank: int, inputs: Inputs) -> Prepared:
+    cached = inputs.get(rank, op.key) if op.kind not in ("recv", "barrier") else None
+    in_splits, out_splits, shapes = [], [], []
+    if op.kind == "all_to_all_single":
+        in_splits = inputs.splits(rank, op.key) or []
+        if in_splits:
+            for member in op.group:
+                theirs = in_splits if member == rank else inputs.splits(member, op.key)
+                if theirs is None:
+                    raise ReplayError(f"all_to_all_single {op.key}: rank {rank} splits unevenly but the cache has "
+                                      f"no splits of rank {member}")
+                out_splits.append(theirs[op.me])
+    elif op.kind == "alltoall":
+        shapes = [inputs.shape(member, f"{op.key}/{op.me}") for member in op.group]
+    elif op.kind == "recv":
+        shapes = [inputs.shape(op.group[op.peer], f"{op.key}/0")]
+    return Prepared(cached, in_splits, out_splits, shapes)
+
+
+def issue(pg: dist.ProcessGroup, op: OpSpec, prepared: Prepared) -> tuple[list, list]:
     """Start `op` on this virtual member's gloo group; returns (works, tensors to keep alive)."""
     n = len(op.group)
-    cached = inputs.get(rank, op.key) if op.kind not in ("recv", "barrier") else None
+    cached = prepared.cached
     flat = cached[0] if cached and len(cached) == 1 else None
     ins = cached if cached else [_zeros(op.nbytes, op.dtype)]
     k = op.kind
     if k in ("allreduce", "allreduce_coalesced", "reduce"):
         if k == "allreduce_coalesced":
-            o = dist.AllreduceCoalescedOptions()
+            o = c10d.AllreduceCoalescedOptions()
         else:
-            o = dist.AllreduceOptions() if k == "allreduce" else dist.ReduceOptions()
+            o = c10d.AllreduceOptions() if k == "allreduce" else c10d.ReduceOptions()
         o.reduceOp = BY_NAME[op.reduce or "sum"]
         if k == "reduce":
             o.rootRank = op.root
             return [pg.reduce(ins, o)], ins
         return [pg.allreduce(ins, o) if k == "allreduce" else pg.allreduce_coalesced(ins, o)], ins
     if k == "broadcast":
-        o = dist.BroadcastOptions()
+        o = c10d.BroadcastOptions()
         o.rootRank = op.root
         return [pg.broadcast(ins, o)], ins
     if k == "allgather":
         outs = [[torch.empty_like(t) for _ in range(n)] for t in ins]
-        return [pg.allgather(outs, ins, dist.AllgatherOptions())], [ins, outs]
+        return [pg.allgather(outs, ins, c10d.AllgatherOptions())], [ins, outs]
     if k == "all_gather_single":
         src = flat if flat is not None else torch.cat([t.reshape(-1) for t in ins])
         out = torch.empty(n * src.numel(), dtype=src.dtype)
-        return [pg._allgather_base(out, src.reshape(-1), dist.AllgatherOptions())], [src, out]
+        return [pg._allgather_base(out, src.reshape(-1), c10d.AllgatherOptions())], [src, out]
     if k == "reduce_scatter":
         chunks = cached if cached and len(cached) == n else list(_zeros(op.nbytes, op.dtype).chunk(n))
         out = [torch.empty_like(chunks[op.me])]
-        o = dist.ReduceScatterOptions()
+        o = c10d.ReduceScatterOptions()
         o.reduceOp = BY_NAME[op.reduce or "sum"]
         return [pg.reduce_scatter(out, [chunks], o)], [chunks, out]
     if k == "reduce_scatter_single":
         src = ins[0].reshape(-1)
         out = torch.empty(src.numel() // n, dtype=src.dtype)
-        o = dist.ReduceScatterOptions()
+        o = c10d.ReduceScatterOptions()
         o.reduceOp = BY_NAME[op.reduce or "sum"]
         return [pg._reduce_scatter_base(out, src, o)], [src, out]
     if k == "all_to_all_single":
         src = ins[0]
-        in_splits = inputs.splits(rank, op.key) or []
-        out_splits = []
-        if in_splits:
-            for g, member in enumerate(op.group):
-                theirs = member == rank and in_splits or inputs.splits(member, op.key)
-                if theirs is None:
-                    raise ReplayError(f"all_to_all_single {op.key}: rank {rank} splits unevenly but the cache has "
-                                      f"no splits of rank {member}")
-                out_splits.append(theirs[op.me])
+        in_splits, out_splits = prepared.in_splits, prepared.out_splits
         rows = sum(out_splits) if out_splits else (src.shape[0] if src.dim() else src.numel())
         out = torch.empty((rows, *src.shape[1:]), dtype=src.dtype)
-        return [pg.alltoall_base(out, src, out_splits, in_splits, dist.AllToAllOptions())], [src, out]
+        return [pg.alltoall_base(out, src, out_splits, in_splits, c10d.AllToAllOptions())], [src, out]
     if k == "alltoall":
         chunks = cached if cached and len(cached) == n else list(_zeros(op.nbytes, op.dtype).chunk(n))
-        outs = []
-        for g, member in enumerate(op.group):
-            shape = inputs.shape(member, f"{op.key}/{op.me}")
-            outs.append(torch.empty(shape if shape is not None else chunks[g].shape, dtype=chunks[g].dtype))
-        return [pg.alltoall(outs, chunks, dist.AllToAllOptions())], [chunks, outs]
+        outs = [torch.empty(shape if shape is not None else chunks[g].shape, dtype=chunks[g].dtype)
+                for g, shape in enumerate(prepared.shapes)]
+        return [pg.alltoall(outs, chunks, c10d.AllToAllOptions())], [chunks, outs]
     if k == "barrier":
-        return [pg.barrier(dist.BarrierOptions())], []
+        return [pg.barrier(c10d.BarrierOptions())], []
     if k == "scatter":
-        o = dist.ScatterOptions()
+        o = c10d.ScatterOptions()
         o.rootRank = op.root
         out = [_zeros(op.nbytes, op.dtype)]
         if op.me == op.root:
@@ -153,14 +205,14 @@ def issue(pg: dist.ProcessGroup, op: OpSpec, rank: int, inputs: Inputs) -> tuple
             return [pg.scatter(out, [chunks], o)], [chunks, out]
         return [pg.scatter(out, [], o)], [out]
     if k == "gather":
-        o = dist.GatherOptions()
+        o = c10d.GatherOptions()
         o.rootRank = op.root
         outs = [[torch.empty_like(ins[0]) for _ in range(n)]] if op.me == op.root else []
         return [pg.gather(outs, ins, o)], [ins, outs]
     if k == "send":
         return [pg.send(ins, op.peer, op.tag)], ins
     if k == "recv":
-        shape = inputs.shape(op.group[op.peer], f"{op.key}/0")
+        shape = prepared.shapes[0]
         buf = torch.empty(shape, dtype=op.dtype) if shape is not None else _zeros(op.nbytes, op.dtype)
         return [pg.recv([buf], op.peer, op.tag)], [buf]
     raise ReplayError(f"the replayer cannot issue {k}")

@@ -1,0 +1,92 @@
+"""Fidelity of Stage 2: the calibrated prediction of each rank's iteration time vs the real run.
+
+For each config it collects the bare graph once, then alternates, pair by pair (the order
+alternating too): `prism record` (the job run for real, every rank) and the prediction (every
+slice run afresh, S sandbox ranks real and the rest replayed, then calibration). A rank's
+iteration time is the median of its measured steps; a run's figure is the mean over ranks.
+Printed per config: the real and predicted medians over pairs, the error, and beside it the
+ablation without inter-slice calibration (each rank as timed in its own slice).
+
+    .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 2] [--steps 12]
+
+Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a
+machine with more cores: the real run must fit, W <= cores, for the comparison to mean much).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from prism_core.calibrate.stage import time_and_calibrate
+from prism_core.collect.stage import collect
+from prism_core.config import load_config
+from prism_core.record import RecordOptions, record
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _config_path(name: str) -> Path:
+    path = Path(name)
+    return path if path.suffix in (".yaml", ".yml") else CONFIGS / f"tiny_moe_w2_{name}.yaml"
+
+
+def _mean(doc: dict, key: str) -> float:
+    return statistics.mean(r[key] for r in doc["ranks"].values())
+
+
+def _pct(pred: float, real: float) -> str:
+    return f"{100 * (pred - real) / real:+.2f}%"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default="pp2,dp2,tp2,ep2")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--passes", type=int, default=2, help="timing passes (2: refined with a timed replay)")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--sandbox", type=int, default=1, help="S, sandbox ranks per slice")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
+        for name in args.configs.split(","):
+            cfg = load_config(_config_path(name), [f"job.iterations={args.steps}", "job.warmup=3",
+                                                   f"emulation.sandbox={args.sandbox}"])
+            if cfg.job.world_size > (os.cpu_count() or 1):
+                print(f"note: {cfg.name} has {cfg.job.world_size} ranks on {os.cpu_count()} cores: its real run is "
+                      "oversubscribed, so the comparison says little")
+            root = Path(tmp) / cfg.name
+            graph = collect(cfg, root / "collect")
+            real, pred, uncal, first = [], [], [], []
+            for i in range(args.pairs):
+                for what in (("real", "pred") if i % 2 == 0 else ("pred", "real")):
+                    if what == "real":
+                        real.append(_mean(record(cfg, root / "record", options=RecordOptions(echo=False)),
+                                          "iteration_time_s"))
+                        continue
+                    shutil.rmtree(root / "timing", ignore_errors=True)
+                    doc = time_and_calibrate(cfg, graph.trace, graph.directory, root / "timing", root / "calibrate",
+                                             passes=args.passes)
+                    pred.append(_mean(doc, "iteration_time_s"))
+                    uncal.append(_mean(doc, "uncalibrated_iteration_time_s"))
+                    first.append(_mean(doc, "first_pass_iteration_time_s") if args.passes > 1 else pred[-1])
+                print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real[-1]:.4f} s  predicted {pred[-1]:.4f} s "
+                      f"({_pct(pred[-1], real[-1])})  one pass {first[-1]:.4f} s  uncalibrated {uncal[-1]:.4f} s",
+                      flush=True)
+            r, p, u, f = (statistics.median(x) for x in (real, pred, uncal, first))
+            rows.append((cfg.name, r, p, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)])))
+    print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
+          f"pass(es), medians over {args.pairs} pairs; error = predicted vs real")
+    print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
+          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8}")
+    for name, r, p, f, u, pw in rows:
+        print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {f:9.4f} {_pct(f, r):>8} "
+              f"{u:12.4f} {_pct(u, r):>8}")
+
+
+if __name__ == "__main__":
+    main()

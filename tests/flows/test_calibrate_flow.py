@@ -1,0 +1,72 @@
+"""The Stage 2 flow: slices fanned out on Dask with slot resources, then calibration; a failing slice
+fails the flow with its rank's error and the finished slices are reused on the rerun."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prefect.exceptions import PrefectException
+
+from flows.calibrate import calibrate_flow, local_slots, run_calibrate, task_runner
+from prism_core.replay.slices import SLICE_DONE
+
+from tests.jobs import assert_nothing_left, make_job
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+SCRIPT = """
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.ones(4) * (rank + 1)
+        dist.all_reduce(x)
+        if rank == 1 and step == 1 and Path(os.environ["CRASH_FLAG"]).exists():
+            raise RuntimeError("rank 1 fails in its slice on purpose")
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+def test_local_runner_has_slot_resources():
+    runner = task_runner()
+    assert runner.cluster_kwargs["resources"] == {"slots": local_slots()}
+    assert runner.cluster_kwargs["processes"] is False
+
+
+@pytest.mark.timeout(600)
+def test_flow_predicts_every_rank(prefect_server, tmp_path):
+    out = tmp_path / "calibrate"
+    doc = run_calibrate(str(CONFIGS / "tiny_moe_w2_pp2.yaml"), ["job.iterations=3", "emulation.sandbox=1"],
+                        str(out), None, root=str(tmp_path / "stages"))
+    assert doc["mode"] == "predicted" and set(doc["ranks"]) == {"0", "1"}
+    assert json.loads((out / "metrics.json").read_text()) == doc
+    assert all(entry["iteration_time_s"] > 0 for entry in doc["ranks"].values())
+
+
+@pytest.mark.timeout(600)
+def test_failed_slice_fails_the_flow_and_the_rerun_reuses_the_rest(prefect_server, tmp_path, monkeypatch):
+    flag = tmp_path / "crash"
+    monkeypatch.setenv("CRASH_FLAG", str(flag))
+    config, script = make_job(tmp_path, SCRIPT, name="crashy", iterations=3)
+    stages = tmp_path / "stages"
+    args = (str(config), ["emulation.sandbox=1"], str(tmp_path / "out"))
+    # collect first, without the flag, so that only the slice of rank 1 fails
+    from flows.collect import collect_flow
+    collect_flow.fn(str(config), [], str(stages / "collect"))
+    flag.write_text("")
+    with pytest.raises((PrefectException, RuntimeError), match="fails in its slice on purpose"):
+        calibrate_flow(*args, root=str(stages))
+    assert_nothing_left(tmp_path, script)
+    done = sorted(stages.glob(f"timing/*/s1/*/{SLICE_DONE}"))
+    assert len(done) == 1 and "slice_0_" in str(done[0])     # rank 0's slice finished and stays
+    stamp = done[0].stat().st_mtime_ns
+    flag.unlink()
+    doc = calibrate_flow(*args, root=str(stages))
+    assert set(doc["ranks"]) == {"0", "1"}
+    assert done[0].stat().st_mtime_ns == stamp                 # reused, not rerun
+    assert len(sorted(stages.glob(f"timing/*/s1/*/{SLICE_DONE}"))) == 2
+    assert_nothing_left(tmp_path, script)
