@@ -7,7 +7,7 @@ iteration time is the median of its measured steps; a run's figure is the mean o
 Printed per config: the real and predicted medians over pairs, the error, and beside it the
 ablation without inter-slice calibration (each rank as timed in its own slice).
 
-    .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 2] [--steps 12]
+    .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
 
 Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a
 machine with more cores: the real run must fit, W <= cores, for the comparison to mean much).
@@ -22,10 +22,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
+from prism_core.calibrate import predict
 from prism_core.calibrate.stage import time_and_calibrate
 from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.record import RecordOptions, record
+from prism_core.trace import load_trace
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -47,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="pp2,dp2,tp2,ep2")
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--passes", type=int, default=2, help="timing passes (2: refined with a timed replay)")
+    parser.add_argument("--passes", type=int, default=1, help="timing passes (2: refined with a timed replay)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--sandbox", type=int, default=1, help="S, sandbox ranks per slice")
     args = parser.parse_args()
@@ -61,12 +65,18 @@ def main() -> None:
                       "oversubscribed, so the comparison says little")
             root = Path(tmp) / cfg.name
             graph = collect(cfg, root / "collect")
-            real, pred, uncal, first = [], [], [], []
+            real, pred, uncal, first, selfcheck = [], [], [], [], []
             for i in range(args.pairs):
                 for what in (("real", "pred") if i % 2 == 0 else ("pred", "real")):
                     if what == "real":
                         real.append(_mean(record(cfg, root / "record", options=RecordOptions(echo=False)),
                                           "iteration_time_s"))
+                        # the calibration fed the real run's own node times must give back its figure
+                        own = predict(load_trace(root / "record" / "trace.zarr"),
+                                      [(root / "record", list(range(cfg.job.world_size)))],
+                                      np.arange(cfg.job.world_size))
+                        selfcheck.append(statistics.mean(statistics.median(t[cfg.job.warmup:])
+                                                         for t in own.step_times.values()))
                         continue
                     shutil.rmtree(root / "timing", ignore_errors=True)
                     doc = time_and_calibrate(cfg, graph.trace, graph.directory, root / "timing", root / "calibrate",
@@ -78,14 +88,16 @@ def main() -> None:
                       f"({_pct(pred[-1], real[-1])})  one pass {first[-1]:.4f} s  uncalibrated {uncal[-1]:.4f} s",
                       flush=True)
             r, p, u, f = (statistics.median(x) for x in (real, pred, uncal, first))
-            rows.append((cfg.name, r, p, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)])))
+            rows.append((cfg.name, r, p, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)]),
+                         statistics.median([b / a - 1 for a, b in zip(real, selfcheck)])))
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
           f"pass(es), medians over {args.pairs} pairs; error = predicted vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
-          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8}")
-    for name, r, p, f, u, pw in rows:
+          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10}")
+    for name, r, p, f, u, pw, sc in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {f:9.4f} {_pct(f, r):>8} "
-              f"{u:12.4f} {_pct(u, r):>8}")
+              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}%")
+    print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Prefect wiring of Stage 2: one task per slice fanned out on Dask, then one calibration task.
+"""Prefect wiring of Stage 2: per timing pass, one task per slice fanned out on Dask, then calibration.
 
 Each slice task asks Dask for `resources={"slots": S}` (S = emulation.sandbox), so a worker
 never runs more slices than it has slots. Locally the runner starts a `LocalCluster` of threads
@@ -20,11 +20,10 @@ from prefect.futures import wait
 from prefect_dask import DaskTaskRunner
 
 from flows.collect import collect_task
-from prism_core.calibrate.stage import SliceJob, calibrate_slices, slice_jobs
-from prism_core.config import config_from_dict, load_config
+from prism_core.calibrate.stage import calibrate_pass, finish_passes, slice_jobs
+from prism_core.config import config_from_dict, config_to_dict, load_config
 from prism_core.replay.slices import run_slice
 from prism_core.trace import STORE_NAME, load_trace
-
 
 logging.getLogger("distributed").setLevel(logging.WARNING)   # Dask's own chatter; Prefect logs the slices
 
@@ -42,19 +41,22 @@ def task_runner(dask_address: str | None = None) -> DaskTaskRunner:
                                           "local_directory": str(Path(tempfile.gettempdir()) / "prism-dask")})
 
 
-@task(name="time-slice", task_run_name="slice {index}: ranks {sandbox}")
-def slice_task(config: dict, graph_dir: str, index: int, sandbox: list[int], directory: str) -> str:
+@task(name="time-slice", task_run_name="pass {timing_pass} slice {index}: ranks {sandbox}")
+def slice_task(config: dict, graph_dir: str, timing_pass: int, index: int, sandbox: list[int], directory: str,
+               timing: str | None) -> str:
     """Run one slice (sandbox ranks real, the rest replayed), or reuse it if it already finished."""
-    run_slice(config_from_dict(config), Path(graph_dir), sandbox, Path(directory))
+    run_slice(config_from_dict(config), Path(graph_dir), sandbox, Path(directory), Path(timing) if timing else None)
     return directory
 
 
-@task(name="calibrate", task_run_name="calibrate {name}")
-def calibrate_task(name: str, config: dict, graph_dir: str, timing_root: str, out_dir: str) -> dict:
+@task(name="calibrate", task_run_name="calibrate pass {timing_pass}")
+def calibrate_task(config: dict, graph_dir: str, timing_root: str, out_dir: str, timing_pass: int,
+                   timing: str | None) -> tuple[dict, str]:
     cfg = config_from_dict(config)
     trace = load_trace(Path(graph_dir) / STORE_NAME)
-    plan, jobs = slice_jobs(cfg, trace, Path(graph_dir), Path(timing_root))
-    return calibrate_slices(cfg, trace, plan, jobs, Path(out_dir))
+    plan, jobs = slice_jobs(cfg, trace, Path(graph_dir), Path(timing_root), Path(timing) if timing else None)
+    document, path = calibrate_pass(cfg, trace, plan, jobs, Path(out_dir), timing_pass - 1)
+    return document, str(path)
 
 
 def stage_root(name: str) -> Path:
@@ -64,22 +66,25 @@ def stage_root(name: str) -> Path:
 @flow(name="prism-calibrate", task_runner=task_runner())
 def calibrate_flow(config_path: str, overrides: list[str] | None = None, out_dir: str | None = None,
                    root: str | None = None) -> dict:
-    """collect (reused when unchanged) -> slices on Dask -> calibration; returns metrics.json's content."""
+    """collect (reused when unchanged) -> per pass: slices on Dask, calibration; returns metrics.json's content."""
     cfg = load_config(config_path, overrides or [])
     base = Path(root) if root else stage_root(cfg.name)
-    config = cfg.model_dump(mode="json")
+    out = out_dir or str(base / "calibrate")
+    config = config_to_dict(cfg)
     graph_dir = collect_task(cfg.name, config, str(base / "collect"))
     trace = load_trace(Path(graph_dir) / STORE_NAME)
-    plan, jobs = slice_jobs(cfg, trace, Path(graph_dir), base / "timing")
-    futures = []
-    with dask.annotate(resources={"slots": cfg.emulation.sandbox}):
-        for job in jobs:
-            futures.append(slice_task.submit(config, graph_dir, job.index, job.sandbox, str(job.directory)))
-    wait(futures)    # every slice ends (or fails) before the flow reports; finished ones stay for a rerun
-    for f in futures:
-        f.result()   # raises the first failed slice's error
-    return calibrate_task(cfg.name, config, graph_dir, str(base / "timing"),
-                          out_dir or str(base / "calibrate"))
+    timing, documents = None, []
+    for n in range(1, cfg.emulation.timing_passes + 1):
+        _, jobs = slice_jobs(cfg, trace, Path(graph_dir), base / "timing", Path(timing) if timing else None)
+        with dask.annotate(resources={"slots": cfg.emulation.sandbox}):
+            futures = [slice_task.submit(config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing)
+                       for job in jobs]
+        wait(futures)    # every slice ends (or fails) before the flow reports; finished ones stay for a rerun
+        for f in futures:
+            f.result()   # raises the first failed slice's error
+        document, timing = calibrate_task(config, graph_dir, str(base / "timing"), out, n, timing)
+        documents.append(document)
+    return finish_passes(Path(out), documents)
 
 
 def run_calibrate(config_path: str, overrides: list[str], out_dir: str | None, dask_address: str | None,
@@ -87,6 +92,3 @@ def run_calibrate(config_path: str, overrides: list[str], out_dir: str | None, d
     """The calibrate flow on a local Dask cluster, or on the scheduler at `dask_address`."""
     runner = task_runner(dask_address)
     return calibrate_flow.with_options(task_runner=runner)(config_path, overrides, out_dir, root)
-
-
-__all__ = ["SliceJob", "calibrate_flow", "run_calibrate", "slice_task", "calibrate_task", "task_runner"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import flow, task
 
 from prism_core.collect.stage import collect
-from prism_core.config import config_from_dict, load_config
+from prism_core.config import config_from_dict, config_to_dict, load_config
 
 
 @task(name="collect-bare-graph", task_run_name="collect {name}")
@@ -20,5 +20,5 @@ def collect_task(name: str, config: dict, root: str, slots: int | None = None) -
 def collect_flow(config_path: str, overrides: list[str] | None = None, root: str | None = None,
                  slots: int | None = None) -> str:
     cfg = load_config(config_path, overrides or [])
-    return collect_task(cfg.name, cfg.model_dump(mode="json"), root or str(Path("artifacts") / cfg.name / "collect"),
+    return collect_task(cfg.name, config_to_dict(cfg), root or str(Path("artifacts") / cfg.name / "collect"),
                         slots)

@@ -93,6 +93,9 @@ class EmulationConfig(_Strict):
     sandbox: int = Field(1, ge=1, description="S: real ranks per slice")
     ranks_of_interest: list[int] = Field(default_factory=lambda: [0], min_length=1)
     collect_mode: Literal["context_switch", "rules"] = "context_switch"
+    timing_passes: int = Field(1, ge=1, le=4, description="slice timing passes: the first replays virtual ranks "
+                                                         "as fast as the graph allows, each further one in the "
+                                                         "previous pass's calibrated time")
     rules: list[str] = Field(default_factory=list, description="extra tensor rules, as module:function")
     dp_dedup: bool = Field(True, description="rules mode, built-in workloads: collect one DP replica and rename it "
                                              "to all; valid only when replicas run the same structure (not with "
@@ -284,6 +287,16 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
             msg = "required and missing"
         lines.append(f"{loc}: {msg}" if loc else msg)
     return f"invalid config {source}: " + "; ".join(lines)
+
+
+def config_to_dict(cfg: PrismConfig) -> dict[str, Any]:
+    """A JSON-ready dict that `config_from_dict` turns back into the same config (a script's config
+    carries no model or parallel section)."""
+    out = cfg.model_dump(mode="json")
+    if not cfg.job.is_builtin:
+        out.pop("model")
+        out.pop("parallel")
+    return out
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> PrismConfig:

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism_core.config import ConfigError, PrismConfig
+from prism_core.config import ConfigError, PrismConfig, config_to_dict
 from prism_core.launch import LaunchError, LaunchSpec, launch
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.metrics import metrics_document, rank_metrics, write_metrics
@@ -47,7 +47,7 @@ def check_fits(world_size: int) -> None:
 
 def _launch_spec(cfg: PrismConfig, out_dir: Path, opts: RecordOptions) -> LaunchSpec:
     config_path = out_dir / "config.json"
-    write_json_atomic(config_path, cfg.model_dump(mode="json"))
+    write_json_atomic(config_path, config_to_dict(cfg))
     env = {"PRISM_CONFIG": str(config_path.resolve()), ENV_INSTRUMENT: "1" if opts.instrument else "0",
            ENV_MEMORY: "1" if opts.instrument and opts.memory else "0"}
     if cfg.job.device_memory_bytes is not None:

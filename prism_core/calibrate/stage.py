@@ -9,6 +9,7 @@ the calibrated node times (`timeline.npz`) to the output directory.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,33 +46,46 @@ def _digest(path: Path) -> str:
 
 
 def time_and_calibrate(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Path, out_dir: Path,
-                       passes: int = 1, on_slice=None) -> dict:
+                       passes: int | None = None, on_slice=None) -> dict:
     """Every slice in turn on this machine (reusing finished ones), then calibration: Stage 2 without Prefect.
 
-    `passes` > 1 refines: the slices run again with the virtual ranks replaying the previous
-    pass's calibrated timeline in real time, and are calibrated again. The ablation figure
-    (`uncalibrated_iteration_time_s`) stays the first pass's, as the paper defines it.
+    `passes` (default `emulation.timing_passes`) > 1 refines: the slices run again with the
+    virtual ranks replaying the previous pass's calibrated timeline in real time, and are
+    calibrated again.
     """
-    timing = None
-    first = None
-    for n in range(passes):
+    timing, documents = None, []
+    for n in range(passes or cfg.emulation.timing_passes):
         plan, jobs = slice_jobs(cfg, trace, graph_dir, timing_root, timing)
         for job in jobs:
             out = run_slice(cfg, graph_dir, job.sandbox, job.directory, timing)
             if on_slice is not None:
                 on_slice(n, job, out)
-        document = calibrate_slices(cfg, trace, plan, jobs, out_dir)
-        if first is None:
-            first = document
-        timing = out_dir / f"timeline_pass{n + 1}.npz"
-        (out_dir / "timeline.npz").replace(timing)
-    timing.replace(out_dir / "timeline.npz")
+        document, timing = calibrate_pass(cfg, trace, plan, jobs, out_dir, n)
+        documents.append(document)
+    return finish_passes(out_dir, documents)
+
+
+def calibrate_pass(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path,
+                   index: int) -> tuple[dict, Path]:
+    """Calibrate one pass's slices; its timeline is kept as `timeline_pass<n>.npz` for the next pass."""
+    document = calibrate_slices(cfg, trace, plan, jobs, out_dir)
+    timing = Path(out_dir) / f"timeline_pass{index + 1}.npz"
+    (Path(out_dir) / "timeline.npz").replace(timing)
+    return document, timing
+
+
+def finish_passes(out_dir: Path, documents: list[dict]) -> dict:
+    """The last pass's prediction as `metrics.json` and `timeline.npz`; the ablation (no inter-slice
+    calibration) is the first pass's slice figure, as the paper defines it."""
+    out_dir = Path(out_dir)
+    shutil.copyfile(out_dir / f"timeline_pass{len(documents)}.npz", out_dir / "timeline.npz")
+    document, first = documents[-1], documents[0]
     for r, entry in document["ranks"].items():
         entry["uncalibrated_iteration_time_s"] = first["ranks"][r]["uncalibrated_iteration_time_s"]
-        if passes > 1:
+        if len(documents) > 1:
             entry["first_pass_iteration_time_s"] = first["ranks"][r]["iteration_time_s"]
-    document["timing_passes"] = passes
-    write_metrics(Path(out_dir) / "metrics.json", document)
+    document["timing_passes"] = len(documents)
+    write_metrics(out_dir / "metrics.json", document)
     return document
 
 

@@ -31,7 +31,7 @@ from prism_core.collect.cached import ENV_TENSOR_CACHE
 from prism_core.collect.local import ENV_RULES, ENV_USER_RULES
 from prism_core.topology import Topology
 from prism_core.workloads.moe_gpt.rules import RULES as MOE_GPT_RULES
-from prism_core.config import PrismConfig
+from prism_core.config import PrismConfig, config_to_dict
 from prism_core.launch.launcher import host_store, read_errors
 from prism_core.runtime import write_json_atomic
 from prism_core.trace import STORE_NAME, Trace, merge_parts, validate, write_trace
@@ -89,7 +89,7 @@ def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectR
     for sub in ("results", "errors", "trace_parts", "flight", "logs"):
         shutil.rmtree(out_dir / sub, ignore_errors=True)
     config_path = out_dir / "config.json"
-    write_json_atomic(config_path, cfg.model_dump(mode="json"))
+    write_json_atomic(config_path, config_to_dict(cfg))
     ranks = _dedup_ranks(cfg) if mode == "rules" else None
 
     sock_dir = Path(tempfile.mkdtemp(prefix="prism-collect-"))   # Unix socket paths must be short

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.config import PrismConfig
+from prism_core.config import PrismConfig, config_to_dict
 from prism_core.launch.launcher import LaunchSpec, launch
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.replay.assistant import ENV_LAZY_GLOO
@@ -87,7 +87,7 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
         shutil.rmtree(out_dir / sub, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.json"
-    write_json_atomic(config_path, cfg.model_dump(mode="json"))
+    write_json_atomic(config_path, config_to_dict(cfg))
     env = {"PRISM_CONFIG": str(config_path.resolve()), ENV_INSTRUMENT: "1", ENV_MEMORY: "1", ENV_LAZY_GLOO: "1"}
     if cfg.job.device_memory_bytes is not None:
         env[ENV_CAPACITY] = str(cfg.job.device_memory_bytes)
