@@ -28,6 +28,8 @@ from prism_core.trace.schema import COMM, COMPUTE, OPS, WAIT
 
 # an op that ended this much before its last member arrived did not wait for it (a buffered send)
 SYNC_SLACK_S = 1e-6
+# a wait that took longer than this blocked (a wait on a finished op costs a few microseconds)
+WAIT_BLOCKED_S = 50e-6
 
 
 @dataclass
@@ -101,15 +103,19 @@ def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.nd
     synced[comm] = did_sync
     transfer[comm] = np.where(did_sync, np.maximum(t1[comm] - lastest, 0.0), t1[comm] - t0[comm])
     # An async op whose completion was only seen at its wait (gloo p2p works have no completion
-    # callback): it completed no later than the wait's end; all that is known of its transfer is
-    # the part the wait still had to sit out after both the wait began and the last peer arrived.
+    # callback). If the wait blocked, the op completed when the wait ended: its transfer ran from
+    # the moment both sides were there. If not, it completed somewhere before the wait began and
+    # only the part after both the wait began and the last peer arrived is known.
     waits = np.nonzero(kind == WAIT)[0]
     refs = cols["ref"][waits]
     late = t1[refs] >= t1[waits] - SYNC_SLACK_S
     seen_at_wait = refs[late]
     if len(seen_at_wait):
         pos = np.searchsorted(comm, seen_at_wait)
-        transfer[seen_at_wait] = np.maximum(t1[waits[late]] - np.maximum(lastest[pos], t0[waits[late]]), 0.0)
+        w0, w1 = t0[waits[late]], t1[waits[late]]
+        blocked = w1 - w0 > WAIT_BLOCKED_S
+        transfer[seen_at_wait] = np.maximum(np.where(blocked, w1 - lastest[pos],
+                                                     w1 - np.maximum(lastest[pos], w0)), 0.0)
         synced[seen_at_wait] = True
     blocking = comm[(async_[comm] == 0) & did_sync]
     release[blocking] = OP_RELEASE

@@ -1,0 +1,86 @@
+"""Calibration at scale: a W=8,192 graph (moe_w1024's layout with DP widened to 256, collected with
+rules and DP dedup, expanded to every rank) calibrated with a synthetic slice timing.
+
+Every timed rank (one DP replica) gets node times drawn from fixed distributions (compute
+1-2 ms, transfers 0.1 ms) and the other replicas take them by renaming, as slices would give
+them. Printed: nodes, the time to expand and match the graph, the calibration's rounds and wall
+time on the DP-symmetric quotient (what `prism calibrate` runs), and — unless --no-full —
+the general solver over all W ranks for comparison, with the largest difference between them.
+
+    .venv/bin/python bench/calibrate_scale.py [--dp 256] [--no-full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.calibrate.timeline import OP_RELEASE, WAIT_RELEASE, NodeModel, solve
+from prism_core.collect import collect_rules
+from prism_core.config import load_config
+from prism_core.replay.slices import plan_slices
+from prism_core.trace.matching import match_ops
+from prism_core.trace.schema import COMM, WAIT
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "moe_w1024.yaml"
+
+
+def synthetic_model(trace, source: np.ndarray, seed: int = 0) -> NodeModel:
+    c = trace.columns
+    n = len(c["kind"])
+    rank_of = np.repeat(np.arange(trace.world_size), np.diff(trace.offsets))
+    local = np.arange(n) - trace.offsets[rank_of]
+    from_node = trace.offsets[source[rank_of]] + local          # each node takes its source rank's draw
+    rng = np.random.default_rng(seed)
+    kind = c["kind"]
+    span = np.where(kind == 0, rng.uniform(1e-3, 2e-3, n), 1e-5)[from_node]
+    release = np.zeros(n, np.int8)
+    release[(kind == COMM) & (c["async_"] == 0)] = OP_RELEASE
+    release[kind == WAIT] = WAIT_RELEASE
+    ref = np.full(n, -1, dtype=np.int64)
+    waits = kind == WAIT
+    ref[waits] = trace.offsets[rank_of[waits]] + c["ref"][waits]
+    return NodeModel(span=span, release=release, ref=ref, completes_synced=kind == COMM,
+                     transfer=np.where(kind == COMM, 1e-4, 0.0))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dp", type=int, default=256)
+    parser.add_argument("--no-full", action="store_true", help="skip the general solver over all ranks")
+    args = parser.parse_args()
+    world = 4 * 8 * args.dp
+    cfg = load_config(CONFIG, [f"job.world_size={world}", f"parallel.dp={args.dp}", "job.iterations=2",
+                               "job.warmup=1", f"name=moe_w{world}"])
+    with tempfile.TemporaryDirectory(prefix="prism-calscale-") as tmp:
+        t0 = time.perf_counter()
+        trace = collect_rules(cfg, Path(tmp), slots=2).trace
+        t_collect = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    match = match_ops(trace)
+    plan = plan_slices(cfg, trace)
+    model = synthetic_model(trace, plan.source)
+    t_prep = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    end_q, _, rounds_q = solve(model, match, trace.offsets, source=plan.source)
+    t_quotient = time.perf_counter() - t0
+    rows = [("DP-symmetric quotient", len(plan.timed), rounds_q, t_quotient, "")]
+    if not args.no_full:
+        t0 = time.perf_counter()
+        end, _, rounds = solve(model, match, trace.offsets)
+        rows.append(("general (all ranks)", world, rounds, time.perf_counter() - t0,
+                     f"max |diff| {np.abs(end - end_q).max():.2e} s"))
+    print(f"\nW={world}: {int(trace.offsets[-1]):,} nodes, {match.n_ops:,} ops; collect (rules, DP dedup, "
+          f"expansion) {t_collect:.1f} s; matching + model {t_prep:.1f} s")
+    print(f"{'solver':<24} {'ranks solved':>12} {'rounds':>7} {'wall (s)':>9}")
+    for name, ranks, rounds, wall, note in rows:
+        print(f"{name:<24} {ranks:>12} {rounds:>7} {wall:9.2f}  {note}")
+    print(f"predicted step end (max over ranks): {end_q.max():.4f} s")
+
+
+if __name__ == "__main__":
+    main()
