@@ -28,7 +28,7 @@ from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.replay.assistant import ENV_LAZY_GLOO
 from prism_core.runtime import write_json_atomic
 from prism_core.topology import Topology
-from prism_core.trace import Trace, structural_diff
+from prism_core.trace import Trace
 
 SLICE_DONE = "slice.json"
 CACHE_NAME = "tensors.zarr"
@@ -41,23 +41,38 @@ class TimingPlan:
     slices: list[list[int]]   # sandbox ranks of each slice
 
 
+# columns a DP renaming leaves alone: equal on a rank and its source means equal durations apply
+_RENAMING_INVARIANT = ("kind", "op", "bytes", "dtype", "seq", "tag", "async_", "ref", "step", "reduce")
+
+
 def plan_slices(cfg: PrismConfig, trace: Trace, sandbox: int | None = None) -> TimingPlan:
     """Slices of `sandbox` (S) ranks covering one DP equivalence class, or every rank."""
     s = sandbox or cfg.emulation.sandbox
     world = trace.world_size
-    source = np.arange(world)
     timed = list(range(world))
+    source = np.arange(world)
     if cfg.job.is_builtin and (cfg.parallel.dp or 1) > 1:
-        from prism_core.collect.dedup import expand_replica, rank_map
+        from prism_core.collect.dedup import rank_map
 
         topo = Topology.from_config(cfg)
-        if structural_diff(trace, expand_replica(trace, topo)) is None:
-            timed = sorted(topo.replica_ranks(0))
-            for d in range(topo.dp):
-                image = rank_map(topo, d)
-                for r in timed:
-                    source[image[r]] = r
+        replica = sorted(topo.replica_ranks(0))
+        candidate = np.arange(world)
+        for d in range(topo.dp):
+            image = rank_map(topo, d)
+            candidate[image[replica]] = replica
+        if _same_up_to_renaming(trace, candidate):
+            timed, source = replica, candidate
     return TimingPlan(timed=timed, source=source, slices=[timed[i:i + s] for i in range(0, len(timed), s)])
+
+
+def _same_up_to_renaming(trace: Trace, source: np.ndarray) -> bool:
+    """Every rank runs its source rank's nodes (same ops, sizes and order): durations carry over."""
+    sizes = np.diff(trace.offsets)
+    if np.any(sizes != sizes[source]):
+        return False
+    rank_of = np.repeat(np.arange(trace.world_size), sizes)
+    from_node = trace.offsets[source[rank_of]] + (np.arange(len(rank_of)) - trace.offsets[rank_of])
+    return all(np.array_equal(trace.columns[c], trace.columns[c][from_node]) for c in _RENAMING_INVARIANT)
 
 
 def slice_key(graph_key: str, cfg: PrismConfig, sandbox: list[int]) -> str:
