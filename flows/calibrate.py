@@ -28,14 +28,15 @@ from prism_core.trace import STORE_NAME, load_trace
 logging.getLogger("distributed").setLevel(logging.WARNING)   # Dask's own chatter; Prefect logs the slices
 
 
-def local_slots() -> int:
-    return max(1, (os.cpu_count() or 1) - 1)
+def local_slots(sandbox: int = 1) -> int:
+    """Cores less the assistant's, but never fewer than one slice needs (it would never be scheduled)."""
+    return max(sandbox, (os.cpu_count() or 1) - 1)
 
 
-def task_runner(dask_address: str | None = None) -> DaskTaskRunner:
+def task_runner(dask_address: str | None = None, sandbox: int = 1) -> DaskTaskRunner:
     if dask_address:
         return DaskTaskRunner(address=dask_address)
-    slots = local_slots()
+    slots = local_slots(sandbox)
     return DaskTaskRunner(cluster_kwargs={"processes": False, "n_workers": 1, "threads_per_worker": slots,
                                           "resources": {"slots": slots}, "dashboard_address": None,
                                           "local_directory": str(Path(tempfile.gettempdir()) / "prism-dask")})
@@ -89,6 +90,8 @@ def calibrate_flow(config_path: str, overrides: list[str] | None = None, out_dir
 
 def run_calibrate(config_path: str, overrides: list[str], out_dir: str | None, dask_address: str | None,
                   root: str | None = None) -> dict:
-    """The calibrate flow on a local Dask cluster, or on the scheduler at `dask_address`."""
-    runner = task_runner(dask_address)
+    """The calibrate flow on a local Dask cluster, or on the scheduler at `dask_address` (its workers
+    need `--resources slots=N` with N >= emulation.sandbox, or the slices wait for ever)."""
+    cfg = load_config(config_path, overrides)
+    runner = task_runner(dask_address, cfg.emulation.sandbox)
     return calibrate_flow.with_options(task_runner=runner)(config_path, overrides, out_dir, root)

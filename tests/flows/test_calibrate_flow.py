@@ -35,6 +35,8 @@ def test_local_runner_has_slot_resources():
     runner = task_runner()
     assert runner.cluster_kwargs["resources"] == {"slots": local_slots()}
     assert runner.cluster_kwargs["processes"] is False
+    # a slice of S ranks must fit one worker, or Dask would hold it for ever
+    assert task_runner(sandbox=64).cluster_kwargs["resources"] == {"slots": 64}
 
 
 @pytest.mark.timeout(600)
