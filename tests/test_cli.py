@@ -88,3 +88,19 @@ def test_help_exits_0(argv):
     assert "record" in proc.stdout
     if argv[0] == "record":
         assert "--set" in proc.stdout and "--out" in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["collect", "calibrate"])
+def test_stage_commands_refuse_a_bad_config_before_any_work(tmp_path, capsys, command):
+    out = tmp_path / "out"
+    status = cli.main([command, str(BASE), "--set", "emulation.sandbox=3", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "emulation.sandbox:" in err
+    assert not out.exists()
+
+
+def test_calibrate_help_names_the_dask_address():
+    proc = subprocess.run([str(PRISM), "calibrate", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--dask-address" in proc.stdout
