@@ -117,3 +117,17 @@ def test_a_crashing_slice_is_reported_and_finished_slices_are_reused(tmp_path, m
     assert not run_slice(cfg, graph.directory, jobs[1].sandbox, jobs[1].directory).reused
     assert (jobs[0].directory / SLICE_DONE).stat().st_mtime_ns == stamp
     assert_nothing_left(tmp_path, script)
+
+
+@pytest.mark.timeout(300)
+def test_a_failing_assistant_stops_the_slice_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRASH_FLAG", str(tmp_path / "never"))
+    config, script = make_job(tmp_path, CRASH_SCRIPT, name="bad_timing", iterations=3)
+    cfg = load_config(config, ["emulation.sandbox=1", "job.timeout_s=60"])
+    graph = collect(cfg, tmp_path / "collect")
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, span=np.zeros(3), transfer=np.zeros(3))      # not this graph's timeline
+    with pytest.raises(LaunchError, match="replay assistant failed(.|\n)*does not belong to the graph"):
+        run_slice(cfg, graph.directory, [0], tmp_path / "slice", timing=wrong)
+    assert_nothing_left(tmp_path, script)
+    assert not (tmp_path / "slice" / SLICE_DONE).exists()
