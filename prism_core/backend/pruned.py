@@ -1,0 +1,257 @@
+"""Ring and tree collectives, full and pruned to the sandbox ranks' neighbours (paper §6.3, Appendix D).
+
+These are the schedules the prism backend's collectives follow, written as plain functions over
+tensors so that their numerics and their traffic can be checked step by step. Each returns the
+outputs of the ranks that exist and the traffic: (phase, step, src, dst) -> bytes.
+
+Ring all-reduce on K ranks = reduce-scatter then all-gather, K-1 steps each. In reduce-scatter
+step s, rank i sends its partial of chunk (i - s) mod K to rank i+1, which adds its own share;
+chunk c ends complete on its owner (c - 1) mod K. In all-gather step s, rank i sends chunk
+(i + 1 - s) mod K on to rank i+1.
+
+Pruned: only the sandbox ranks and their ring neighbours exist. A virtual left neighbour v of
+a sandbox rank sends, for a chunk whose remaining path v+1 .. owner is all sandbox, the
+compensated partial: the full-scale result less the contributions the sandbox ranks on that path
+will still add (for max and min, which are idempotent, the full-scale result itself); any
+other chunk may carry any value (it reaches no sandbox output). In all-gather it sends the
+full-scale chunk. The full-scale values come from the tensor cache (here: `full`, the reduced
+result, and `contrib`, the sandbox ranks' own inputs). Every sandbox rank then holds exactly
+the full-scale result and sends and receives the same bytes at every step as in the full ring.
+
+Trees (broadcast, reduce) use a binary tree over group positions rooted at the root: a pruned
+tree keeps the sandbox ranks, their parents and their children; a virtual parent sends the
+root's data, a virtual child sends its whole subtree's reduction.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Traffic = dict[tuple[str, int, int, int], int]
+REDUCE_OPS = ("sum", "max", "min")
+
+
+def _combine(a: torch.Tensor, b: torch.Tensor, op: str) -> torch.Tensor:
+    if op == "sum":
+        return a + b
+    if op == "max":
+        return torch.maximum(a, b)
+    if op == "min":
+        return torch.minimum(a, b)
+    raise ValueError(f"reduce op {op!r}: pruned rings serve sum, max and min")
+
+
+def _reduce_all(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
+    out = tensors[0].clone()
+    for t in tensors[1:]:
+        out = _combine(out, t, op)
+    return out
+
+
+def chunk_bounds(numel: int, k: int) -> list[tuple[int, int]]:
+    """K contiguous chunks, the first numel % k one element longer (sizes differ by at most one)."""
+    base, extra = divmod(numel, k)
+    bounds, start = [], 0
+    for c in range(k):
+        size = base + (1 if c < extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# -- full rings ----------------------------------------------------------------------------------
+
+def ring_allreduce(inputs: list[torch.Tensor], op: str) -> tuple[list[torch.Tensor], Traffic]:
+    """The unpruned ring: every rank's output and the traffic of every step."""
+    k = len(inputs)
+    bounds = chunk_bounds(inputs[0].numel(), k)
+    flat = [t.reshape(-1) for t in inputs]
+    partial = [[f[a:b].clone() for a, b in bounds] for f in flat]   # partial[i][c]
+    traffic: Traffic = {}
+    for s in range(k - 1):
+        sent = [(i, (i - s) % k, partial[i][(i - s) % k].clone()) for i in range(k)]
+        for i, c, value in sent:
+            dst = (i + 1) % k
+            traffic[("reduce_scatter", s, i, dst)] = _nbytes(value)
+            partial[dst][c] = _combine(value, flat[dst][bounds[c][0]:bounds[c][1]], op)
+    done = [[None] * k for _ in range(k)]
+    for i in range(k):
+        done[i][(i + 1) % k] = partial[i][(i + 1) % k]
+    for s in range(k - 1):
+        sent = [(i, (i + 1 - s) % k, done[i][(i + 1 - s) % k]) for i in range(k)]
+        for i, c, value in sent:
+            dst = (i + 1) % k
+            traffic[("all_gather", s, i, dst)] = _nbytes(value)
+            done[dst][c] = value.clone()
+    return [torch.cat(d).reshape(inputs[0].shape) for d in done], traffic
+
+
+# -- pruned rings --------------------------------------------------------------------------------
+
+def ring_members(k: int, sandbox: set[int]) -> set[int]:
+    """The ranks a pruned ring keeps: the sandbox ranks and their left and right neighbours."""
+    return set(sandbox) | {(i - 1) % k for i in sandbox} | {(i + 1) % k for i in sandbox}
+
+
+def ring_allreduce_pruned(k: int, sandbox: set[int], sandbox_inputs: dict[int, torch.Tensor], full: torch.Tensor,
+                          op: str) -> tuple[dict[int, torch.Tensor], Traffic]:
+    """The pruned ring: the sandbox ranks' outputs and the traffic among the ranks that exist.
+
+    `sandbox_inputs[i]`: each sandbox rank's real input; `full`: the full-scale result, which the
+    virtual neighbours know from the tensor cache (as they know the sandbox ranks' inputs).
+    """
+    if not sandbox:
+        return {}, {}
+    bounds = chunk_bounds(full.numel(), k)
+    full_flat = full.reshape(-1)
+    own = {i: sandbox_inputs[i].reshape(-1) for i in sandbox}
+    members = ring_members(k, sandbox)
+
+    def owner(c: int) -> int:
+        return (c - 1) % k
+
+    def compensated(v: int, c: int) -> torch.Tensor:
+        """What virtual rank v sends of chunk c in reduce-scatter."""
+        a, b = bounds[c]
+        path = []
+        r = (v + 1) % k
+        while True:
+            path.append(r)
+            if r == owner(c):
+                break
+            r = (r + 1) % k
+        if any(p not in sandbox for p in path):
+            return torch.zeros(b - a, dtype=full.dtype)    # reaches no sandbox output: any value
+        value = full_flat[a:b].clone()
+        if op == "sum":
+            for p in path:
+                value -= own[p][a:b]
+        return value
+
+    partial = {i: {c: own[i][a:b].clone() for c, (a, b) in enumerate(bounds)} for i in sandbox}
+    traffic: Traffic = {}
+    for s in range(k - 1):
+        sends = []
+        for i in members:
+            dst = (i + 1) % k
+            if dst not in members or (i not in sandbox and dst not in sandbox):
+                continue          # only links that touch a sandbox rank carry data
+            c = (i - s) % k
+            sends.append((i, dst, c, partial[i][c].clone() if i in sandbox else compensated(i, c)))
+        for i, dst, c, value in sends:
+            traffic[("reduce_scatter", s, i, dst)] = _nbytes(value)
+            if dst in sandbox:
+                a, b = bounds[c]
+                partial[dst][c] = _combine(value, own[dst][a:b], op)
+    done = {i: {(i + 1) % k: partial[i][(i + 1) % k]} for i in sandbox}
+    for s in range(k - 1):
+        sends = []
+        for i in members:
+            dst = (i + 1) % k
+            if dst not in members or (i not in sandbox and dst not in sandbox):
+                continue
+            c = (i + 1 - s) % k
+            if i in sandbox:
+                value = done[i][c]
+            else:
+                a, b = bounds[c]
+                value = full_flat[a:b].clone()
+            sends.append((i, dst, c, value))
+        for i, dst, c, value in sends:
+            traffic[("all_gather", s, i, dst)] = _nbytes(value)
+            if dst in sandbox:
+                done[dst][c] = value.clone()
+    outputs = {i: torch.cat([done[i][c] for c in range(k)]).reshape(full.shape) for i in sandbox}
+    return outputs, traffic
+
+
+def traffic_of(traffic: Traffic, rank: int) -> dict[tuple[str, int, str], int]:
+    """What one rank sends and receives at each step: (phase, step, "send"|"recv") -> bytes."""
+    out = {}
+    for (phase, step, src, dst), nbytes in traffic.items():
+        if src == rank:
+            out[(phase, step, "send")] = nbytes
+        if dst == rank:
+            out[(phase, step, "recv")] = nbytes
+    return out
+
+
+# -- trees ---------------------------------------------------------------------------------------
+
+def _tree(k: int, root: int) -> tuple[dict[int, int], dict[int, list[int]]]:
+    """Binary tree over positions 0..k-1 rooted at `root` (positions renumbered from the root)."""
+    parent, children = {}, {i: [] for i in range(k)}
+    for j in range(1, k):
+        node, up = (root + j) % k, (root + (j - 1) // 2) % k
+        parent[node] = up
+        children[up].append(node)
+    return parent, children
+
+
+def tree_members(k: int, root: int, sandbox: set[int]) -> set[int]:
+    parent, children = _tree(k, root)
+    keep = set(sandbox)
+    for i in sandbox:
+        if i in parent:
+            keep.add(parent[i])
+        keep.update(children[i])
+    return keep
+
+
+def tree_broadcast(inputs: list[torch.Tensor], root: int, sandbox: set[int] | None = None
+                   ) -> tuple[dict[int, torch.Tensor], Traffic]:
+    """Broadcast down the tree; pruned to `sandbox` (a virtual parent sends the root's data)."""
+    k = len(inputs)
+    parent, _ = _tree(k, root)
+    ranks = set(range(k)) if sandbox is None else tree_members(k, root, sandbox)
+    traffic: Traffic = {}
+    out = {root: inputs[root].clone()} if root in ranks else {}
+    order = [(root + j) % k for j in range(1, k)]            # parents come before their children
+    for node in order:
+        up = parent[node]
+        if node not in ranks or up not in ranks:
+            continue
+        if sandbox is not None and node not in sandbox and up not in sandbox:
+            continue
+        value = out[up] if up in out else inputs[root].clone()   # a virtual parent: the root's data
+        traffic[("broadcast", 0, up, node)] = _nbytes(value)
+        out[node] = value.clone()
+    keep = ranks if sandbox is None else sandbox
+    return {i: out[i] for i in keep if i in out}, traffic
+
+
+def tree_reduce(inputs: list[torch.Tensor], root: int, op: str, sandbox: set[int] | None = None
+                ) -> tuple[torch.Tensor | None, Traffic]:
+    """Reduce up the tree to the root; pruned, a virtual child sends its subtree's whole reduction."""
+    k = len(inputs)
+    parent, children = _tree(k, root)
+    ranks = set(range(k)) if sandbox is None else tree_members(k, root, sandbox)
+
+    def subtree(node: int) -> torch.Tensor:
+        return _reduce_all([inputs[node]] + [subtree(c) for c in children[node]], op)
+
+    traffic: Traffic = {}
+    acc: dict[int, torch.Tensor] = {}
+    for node in reversed([(root + j) % k for j in range(k)]):   # children before parents
+        if node not in ranks:
+            continue
+        real = sandbox is None or node in sandbox
+        if real:
+            value = inputs[node].clone()
+            for c in children[node]:
+                if c in acc:
+                    value = _combine(value, acc.pop(c), op)
+        else:
+            value = subtree(node)            # from the tensor cache: exact for whatever is above
+        up = parent.get(node)
+        if up is None:
+            acc[node] = value
+            continue
+        if up in ranks and (sandbox is None or real or up in sandbox):
+            traffic[("reduce", 0, node, up)] = _nbytes(value)
+            acc[node] = value
+    return acc.get(root), traffic

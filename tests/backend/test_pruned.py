@@ -1,0 +1,97 @@
+"""Pruned ring and tree collectives (paper §6.3, Appendix D): every sandbox rank ends with exactly the
+full-scale result and sends and receives the same bytes at every step as in the unpruned algorithm.
+
+Inputs are integer-valued floats, so sums are exact in any order and equality is exact.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prism_core.backend.pruned import (
+    REDUCE_OPS, chunk_bounds, ring_allreduce, ring_allreduce_pruned, ring_members, traffic_of, tree_broadcast,
+    tree_members, tree_reduce,
+)
+
+
+@st.composite
+def cases(draw, max_k: int = 64):
+    k = draw(st.integers(2, max_k))
+    sandbox = set(draw(st.lists(st.integers(0, k - 1), min_size=1, max_size=min(k, 6), unique=True)))
+    numel = draw(st.integers(1, 3 * k + 5))
+    seed = draw(st.integers(0, 2**31 - 1))
+    op = draw(st.sampled_from(REDUCE_OPS))
+    g = torch.Generator().manual_seed(seed)
+    inputs = [torch.randint(-1000, 1000, (numel,), generator=g).to(torch.float32) for _ in range(k)]
+    return k, sandbox, inputs, op
+
+
+def _full_result(inputs, op):
+    out = inputs[0].clone()
+    for t in inputs[1:]:
+        out = out + t if op == "sum" else (torch.maximum(out, t) if op == "max" else torch.minimum(out, t))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_full_ring_allreduce_is_the_reduction(case):
+    k, _, inputs, op = case
+    outputs, traffic = ring_allreduce(inputs, op)
+    expected = _full_result(inputs, op)
+    assert all(torch.equal(o, expected) for o in outputs)
+    assert len(traffic) == 2 * (k - 1) * k        # every rank sends once per step of both phases
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_pruned_ring_gives_each_sandbox_rank_the_full_result_with_the_same_traffic(case):
+    k, sandbox, inputs, op = case
+    full_out, full_traffic = ring_allreduce(inputs, op)
+    expected = _full_result(inputs, op)
+    outputs, traffic = ring_allreduce_pruned(k, sandbox, {i: inputs[i] for i in sandbox}, expected, op)
+    assert set(outputs) == sandbox
+    for i in sandbox:
+        assert torch.equal(outputs[i], full_out[i]), f"rank {i} of {k}, sandbox {sorted(sandbox)}, {op}"
+        assert traffic_of(traffic, i) == traffic_of(full_traffic, i)
+    # only sandbox ranks and their ring neighbours exist, and every message touches a sandbox rank
+    members = ring_members(k, sandbox)
+    assert all(src in members and dst in members and (src in sandbox or dst in sandbox)
+               for (_, _, src, dst) in traffic)
+
+
+def test_pruned_ring_keeps_only_neighbours():
+    assert ring_members(64, {10, 11, 40}) == {9, 10, 11, 12, 39, 40, 41}
+    assert chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+
+
+def test_a_wrong_full_result_shows_on_the_owner():
+    # the compensation really carries the full-scale values: feed a wrong one and the owner sees it
+    k, inputs = 8, [torch.full((8,), float(i)) for i in range(8)]
+    expected = _full_result(inputs, "sum")
+    outputs, _ = ring_allreduce_pruned(k, {3}, {3: inputs[3]}, expected + 1, "sum")
+    assert not torch.equal(outputs[3], expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases(), st.integers(0, 63))
+def test_pruned_tree_broadcast_and_reduce(case, root_seed):
+    k, sandbox, inputs, op = case
+    root = root_seed % k
+    full_b, full_bt = tree_broadcast(inputs, root)
+    out_b, bt = tree_broadcast(inputs, root, sandbox)
+    assert set(out_b) == sandbox
+    for i in sandbox:
+        assert torch.equal(out_b[i], inputs[root])
+        assert traffic_of(bt, i) == traffic_of(full_bt, i)
+    full_r, full_rt = tree_reduce(inputs, root, op)
+    assert torch.equal(full_r, _full_result(inputs, op))
+    out_r, rt = tree_reduce(inputs, root, op, sandbox)
+    if root in sandbox:
+        assert torch.equal(out_r, full_r)
+    for i in sandbox:
+        assert traffic_of(rt, i) == traffic_of(full_rt, i)
+    members = tree_members(k, root, sandbox)
+    assert all(src in members and dst in members for (_, _, src, dst) in rt)
