@@ -10,6 +10,8 @@ import pytest
 from prefect.exceptions import PrefectException
 
 from flows.calibrate import calibrate_flow, local_slots, run_calibrate, task_runner
+from prism_core.collect.stage import collect
+from prism_core.config import load_config
 from prism_core.replay.slices import SLICE_DONE
 
 from tests.jobs import assert_nothing_left, make_job
@@ -57,8 +59,7 @@ def test_failed_slice_fails_the_flow_and_the_rerun_reuses_the_rest(prefect_serve
     stages = tmp_path / "stages"
     args = (str(config), ["emulation.sandbox=1"], str(tmp_path / "out"))
     # collect first, without the flag, so that only the slice of rank 1 fails
-    from flows.collect import collect_flow
-    collect_flow.fn(str(config), [], str(stages / "collect"))
+    collect(load_config(config), stages / "collect")
     flag.write_text("")
     with pytest.raises((PrefectException, RuntimeError), match="fails in its slice on purpose"):
         calibrate_flow(*args, root=str(stages))
