@@ -69,3 +69,20 @@ def assert_nothing_left(tmp_path: Path, script: Path, expect_pids: int | None = 
     while (left := _leftovers(tmp_path, script)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"processes left running: {left}"
+
+
+# A two-rank script for slice tests: rank 1 raises at step 1 while the file named by $CRASH_FLAG
+# exists, so collection (flag absent) succeeds and a slice (flag present) fails.
+CRASH_IN_SLICE_SCRIPT = """
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.ones(4) * (rank + 1)
+        dist.all_reduce(x)
+        if rank == 1 and step == 1 and Path(os.environ["CRASH_FLAG"]).exists():
+            raise RuntimeError("rank 1 fails in its slice on purpose")
+        model(x).sum().backward()
+        opt.step()
+"""

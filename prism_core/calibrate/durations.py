@@ -24,7 +24,7 @@ import numpy as np
 from prism_core.calibrate.timeline import NO_RELEASE, OP_RELEASE, WAIT_RELEASE, CalibrationError, NodeModel
 from prism_core.trace import Trace, merge_parts
 from prism_core.trace.matching import OpMatch
-from prism_core.trace.schema import COMM, COMPUTE, OPS, WAIT
+from prism_core.trace.schema import COMM, OPS, WAIT
 
 # an op that ended this much before its last member arrived did not wait for it (a buffered send)
 SYNC_SLACK_S = 1e-6
@@ -167,6 +167,3 @@ def step_ends(bare: Trace, end: np.ndarray, rank: int) -> list[float]:
         out.append(float(e[np.nonzero(steps == k)[0][-1]]))
         k += 1
     return out
-
-
-__all__ = ["RankTiming", "slice_timings", "merge_model", "step_ends", "COMPUTE"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.calibrate.durations import RankTiming, merge_model, slice_timings, step_ends
-from prism_core.calibrate.timeline import CalibrationError, NodeModel, solve
+from prism_core.calibrate.timeline import NodeModel, solve
 from prism_core.config import PrismConfig
 from prism_core.metrics import metrics_document, rank_metrics
 from prism_core.trace import Trace
@@ -69,6 +69,3 @@ def prediction_metrics(cfg: PrismConfig, prediction: Prediction) -> dict:
     doc = metrics_document("predicted", cfg.job.world_size, ranks)
     doc["calibration_rounds"] = prediction.rounds
     return doc
-
-
-__all__ = ["Prediction", "predict", "prediction_metrics", "CalibrationError"]

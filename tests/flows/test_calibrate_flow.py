@@ -14,24 +14,9 @@ from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.replay.slices import SLICE_DONE
 
-from tests.jobs import assert_nothing_left, make_job
+from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_nothing_left, make_job
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-SCRIPT = """
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    model = torch.nn.Linear(4, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):
-        x = torch.ones(4) * (rank + 1)
-        dist.all_reduce(x)
-        if rank == 1 and step == 1 and Path(os.environ["CRASH_FLAG"]).exists():
-            raise RuntimeError("rank 1 fails in its slice on purpose")
-        model(x).sum().backward()
-        opt.step()
-"""
-
 
 def test_local_runner_has_slot_resources():
     runner = task_runner()
@@ -55,7 +40,7 @@ def test_flow_predicts_every_rank(prefect_server, tmp_path):
 def test_failed_slice_fails_the_flow_and_the_rerun_reuses_the_rest(prefect_server, tmp_path, monkeypatch):
     flag = tmp_path / "crash"
     monkeypatch.setenv("CRASH_FLAG", str(flag))
-    config, script = make_job(tmp_path, SCRIPT, name="crashy", iterations=3)
+    config, script = make_job(tmp_path, CRASH_IN_SLICE_SCRIPT, name="crashy", iterations=3)
     stages = tmp_path / "stages"
     args = (str(config), ["emulation.sandbox=1"], str(tmp_path / "out"))
     # collect first, without the flag, so that only the slice of rank 1 fails

@@ -22,7 +22,7 @@ from prism_core.record import RecordOptions, record
 from prism_core.replay.slices import SLICE_DONE, plan_slices, run_slice
 from prism_core.trace.schema import COMM
 
-from tests.jobs import assert_nothing_left, make_job
+from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_nothing_left, make_job
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -82,26 +82,11 @@ def test_dp_replicas_are_timed_once_and_renamed(tmp_path):
     assert plan.slices == [plan.timed]
 
 
-CRASH_SCRIPT = """
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    model = torch.nn.Linear(4, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):
-        x = torch.ones(4) * (rank + 1)
-        dist.all_reduce(x)
-        if rank == 1 and step == 1 and Path(os.environ["CRASH_FLAG"]).exists():
-            raise RuntimeError("rank 1 fails in its slice on purpose")
-        model(x).sum().backward()
-        opt.step()
-"""
-
-
 @pytest.mark.timeout(300)
 def test_a_crashing_slice_is_reported_and_finished_slices_are_reused(tmp_path, monkeypatch):
     flag = tmp_path / "crash"
     monkeypatch.setenv("CRASH_FLAG", str(flag))
-    config, script = make_job(tmp_path, CRASH_SCRIPT, name="crash", iterations=3)
+    config, script = make_job(tmp_path, CRASH_IN_SLICE_SCRIPT, name="crash", iterations=3)
     cfg = load_config(config, ["emulation.sandbox=1"])
     graph = collect(cfg, tmp_path / "collect")
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, tmp_path / "timing")
@@ -122,7 +107,7 @@ def test_a_crashing_slice_is_reported_and_finished_slices_are_reused(tmp_path, m
 @pytest.mark.timeout(300)
 def test_a_failing_assistant_stops_the_slice_naming_it(tmp_path, monkeypatch):
     monkeypatch.setenv("CRASH_FLAG", str(tmp_path / "never"))
-    config, script = make_job(tmp_path, CRASH_SCRIPT, name="bad_timing", iterations=3)
+    config, script = make_job(tmp_path, CRASH_IN_SLICE_SCRIPT, name="bad_timing", iterations=3)
     cfg = load_config(config, ["emulation.sandbox=1", "job.timeout_s=60"])
     graph = collect(cfg, tmp_path / "collect")
     wrong = tmp_path / "wrong.npz"
