@@ -84,6 +84,3 @@ class CachedPeers:
             inputs.append(ins)
             metas.append(peer_meta)
         return executor.run(kind, metas, inputs)[me]
-
-    def received(self, key: str, src: int) -> list[torch.Tensor] | None:
-        return self.inputs(src, key)

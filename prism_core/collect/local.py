@@ -101,7 +101,7 @@ class RulesTransport:
         if cache is None:
             return None
         if view.kind == "recv":
-            values = cache.received(key, self.ranks[peer])
+            values = cache.inputs(self.ranks[peer], key)   # what the sender passed
         else:
             values = cache.collective(view.kind, key, self.ranks, self.me, view.inputs, meta)
         if values is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prism_core.collect.context_switch import CACHE_NAME
 from prism_core.config import PrismConfig, config_to_dict
 from prism_core.launch.launcher import LaunchSpec, launch
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
@@ -31,7 +32,6 @@ from prism_core.topology import Topology
 from prism_core.trace import Trace
 
 SLICE_DONE = "slice.json"
-CACHE_NAME = "tensors.zarr"
 
 
 @dataclass
