@@ -1,10 +1,11 @@
-"""Fidelity of Stage 2: the calibrated prediction of each rank's iteration time vs the real run.
+"""Fidelity of Stages 2 and 3: predicted and emulated iteration time of each rank vs the real run.
 
 For each config it collects the bare graph once, then alternates, pair by pair (the order
-alternating too): `prism record` (the job run for real, every rank) and the prediction (every
-slice run afresh, S sandbox ranks real and the rest replayed, then calibration). A rank's
-iteration time is the median of its measured steps; a run's figure is the mean over ranks.
-Printed per config: the real and predicted medians over pairs, the error, and beside it the
+alternating too): `prism record` (the job run for real, every rank) and the model (every slice
+run afresh, S sandbox ranks real and the rest replayed, then calibration; then one emulation per
+rank, that rank real and the others replayed in calibrated time). A rank's iteration time is
+the median of its measured steps; a run's figure is the mean over ranks. Printed per config:
+the real, predicted and emulated medians over pairs with their errors, and beside them the
 ablation without inter-slice calibration (each rank as timed in its own slice).
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
@@ -28,6 +29,7 @@ from prism_core.calibrate import predict
 from prism_core.calibrate.stage import time_and_calibrate
 from prism_core.collect.stage import collect
 from prism_core.config import load_config
+from prism_core.emulate.stage import emulate
 from prism_core.record import RecordOptions, record
 from prism_core.trace import load_trace
 
@@ -65,7 +67,7 @@ def main() -> None:
                       "oversubscribed, so the comparison says little")
             root = Path(tmp) / cfg.name
             graph = collect(cfg, root / "collect")
-            real, pred, uncal, first, selfcheck = [], [], [], [], []
+            real, pred, uncal, first, selfcheck, emul = [], [], [], [], [], []
             for i in range(args.pairs):
                 for what in (("real", "pred") if i % 2 == 0 else ("pred", "real")):
                     if what == "real":
@@ -84,18 +86,24 @@ def main() -> None:
                     pred.append(_mean(doc, "iteration_time_s"))
                     uncal.append(_mean(doc, "uncalibrated_iteration_time_s"))
                     first.append(_mean(doc, "first_pass_iteration_time_s") if args.passes > 1 else pred[-1])
+                    emul.append(statistics.mean(
+                        emulate(cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
+                            update={"ranks_of_interest": [r]})}), graph.directory, root / "calibrate" / "timeline.npz",
+                            root / "emulate")["ranks"][str(r)]["iteration_time_s"]
+                        for r in range(cfg.job.world_size)))
                 print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real[-1]:.4f} s  predicted {pred[-1]:.4f} s "
-                      f"({_pct(pred[-1], real[-1])})  one pass {first[-1]:.4f} s  uncalibrated {uncal[-1]:.4f} s",
+                      f"({_pct(pred[-1], real[-1])})  emulated {emul[-1]:.4f} s ({_pct(emul[-1], real[-1])})  one pass {first[-1]:.4f} s  uncalibrated {uncal[-1]:.4f} s",
                       flush=True)
-            r, p, u, f = (statistics.median(x) for x in (real, pred, uncal, first))
-            rows.append((cfg.name, r, p, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)]),
+            r, p, u, f, e = (statistics.median(x) for x in (real, pred, uncal, first, emul))
+            rows.append((cfg.name, r, p, e, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)]),
                          statistics.median([b / a - 1 for a, b in zip(real, selfcheck)])))
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
-          f"pass(es), medians over {args.pairs} pairs; error = predicted vs real")
+          f"pass(es), medians over {args.pairs} pairs; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
+          f"{'emulated (s)':>12} {'error':>8} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10}")
-    for name, r, p, f, u, pw, sc in rows:
-        print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {f:9.4f} {_pct(f, r):>8} "
+    for name, r, p, e, f, u, pw, sc in rows:
+        print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {e:12.4f} {_pct(e, r):>8} {f:9.4f} {_pct(f, r):>8} "
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}%")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
 

@@ -21,7 +21,7 @@ from prefect_dask import DaskTaskRunner
 
 from flows.collect import collect_task
 from prism_core.calibrate.stage import calibrate_pass, finish_passes, slice_jobs
-from prism_core.config import config_from_dict, config_to_dict, load_config
+from prism_core.config import PrismConfig, config_from_dict, config_to_dict, load_config
 from prism_core.replay.slices import run_slice
 from prism_core.trace import STORE_NAME, load_trace
 
@@ -64,15 +64,9 @@ def stage_root(name: str) -> Path:
     return Path("artifacts") / name
 
 
-@flow(name="prism-calibrate", task_runner=task_runner())
-def calibrate_flow(config_path: str, overrides: list[str] | None = None, out_dir: str | None = None,
-                   root: str | None = None) -> dict:
-    """collect (reused when unchanged) -> per pass: slices on Dask, calibration; returns metrics.json's content."""
-    cfg = load_config(config_path, overrides or [])
-    base = Path(root) if root else stage_root(cfg.name)
-    out = out_dir or str(base / "calibrate")
+def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -> dict:
+    """Inside a flow: per timing pass, the slices as tasks on the flow's Dask runner, then calibration."""
     config = config_to_dict(cfg)
-    graph_dir = collect_task(cfg.name, config, str(base / "collect"))
     trace = load_trace(Path(graph_dir) / STORE_NAME)
     timing, documents = None, []
     for n in range(1, cfg.emulation.timing_passes + 1):
@@ -86,6 +80,16 @@ def calibrate_flow(config_path: str, overrides: list[str] | None = None, out_dir
         document, timing = calibrate_task(config, graph_dir, str(base / "timing"), out, n, timing)
         documents.append(document)
     return finish_passes(Path(out), documents)
+
+
+@flow(name="prism-calibrate", task_runner=task_runner())
+def calibrate_flow(config_path: str, overrides: list[str] | None = None, out_dir: str | None = None,
+                   root: str | None = None) -> dict:
+    """collect (reused when unchanged) -> per pass: slices on Dask, calibration; returns metrics.json's content."""
+    cfg = load_config(config_path, overrides or [])
+    base = Path(root) if root else stage_root(cfg.name)
+    graph_dir = collect_task(cfg.name, config_to_dict(cfg), str(base / "collect"))
+    return time_and_calibrate(cfg, graph_dir, base, out_dir or str(base / "calibrate"))
 
 
 def run_calibrate(config_path: str, overrides: list[str], out_dir: str | None, dask_address: str | None,

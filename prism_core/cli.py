@@ -39,7 +39,34 @@ def _parser() -> argparse.ArgumentParser:
     _add_common(cal)
     cal.add_argument("--dask-address", default=None, metavar="tcp://HOST:PORT",
                      help="run the slices on an existing Dask scheduler (default: a local cluster)")
+    emu = sub.add_parser("emulate", help="Stage 3: the ranks of interest real, every other rank replayed in "
+                         "calibrated time (runs or reuses the earlier stages)")
+    _add_common(emu)
+    run = sub.add_parser("run", help="the whole pipeline (collect, timing, calibrate, emulate) and its report")
+    _add_common(run)
+    for p in (emu, run):
+        p.add_argument("--dask-address", default=None, metavar="tcp://HOST:PORT",
+                       help="run the slices on an existing Dask scheduler (default: a local cluster)")
     return parser
+
+
+def _emulate(cfg: PrismConfig, args) -> str:
+    from flows.pipeline import REPORT, run_pipeline
+
+    report = args.command == "run"
+    out = args.out or Path("artifacts") / cfg.name / args.command
+    document = run_pipeline(str(args.config), args.overrides, str(out), args.dask_address, report=report)
+    text = _summary(cfg, document, out)
+    ranks = document["ranks"]
+    text += "\npredicted by calibration: " + ", ".join(
+        f"rank {r} {m['predicted_iteration_time_s']:.4f} s" for r, m in ranks.items())
+    if "emulation" in document:
+        e = document["emulation"]
+        text += (f"\n{e['virtual_ranks']} virtual ranks replayed; {e['groups_instantiated']} of the job's "
+                 f"{e['groups_in_job']} process groups instantiated")
+    if report:
+        text += f"\nreport: {out / REPORT}"
+    return text
 
 
 def _calibrate(cfg: PrismConfig, args) -> str:
@@ -106,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "calibrate":
             print(_calibrate(cfg, args))
+            return 0
+        if args.command in ("emulate", "run"):
+            print(_emulate(cfg, args))
             return 0
         from prism_core.record import RecordOptions, record
 

@@ -9,14 +9,13 @@ runs past `job.device_memory_bytes` fails like a GPU out of memory: the run is s
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from prism_core.config import ConfigError, PrismConfig, config_to_dict
 from prism_core.launch import LaunchError, LaunchSpec, launch
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
-from prism_core.metrics import metrics_document, rank_metrics, write_metrics
+from prism_core.metrics import metrics_document, oom_document, rank_metrics, result_peak, write_metrics
 from prism_core.runtime import write_json_atomic
 from prism_core.trace import STORE_NAME, merge_parts, validate, write_trace
 
@@ -58,14 +57,6 @@ def _launch_spec(cfg: PrismConfig, out_dir: Path, opts: RecordOptions) -> Launch
                       echo_rank=(world - 1 if cfg.job.is_builtin else 0) if opts.echo else None)
 
 
-def _peak(result: dict, warmup: int) -> int | None:
-    peaks = result.get("step_peaks") or []
-    measured = [p for p in peaks[warmup:] if p is not None]
-    if result.get("peak_at_exit") is not None:
-        measured.append(result["peak_at_exit"])
-    return max(measured) if measured else None
-
-
 def record(cfg: PrismConfig, out_dir: Path, echo: bool = True, options: RecordOptions | None = None) -> dict:
     """Launch all W ranks, write `out_dir/metrics.json` (mode "real") and return its content.
 
@@ -86,7 +77,7 @@ def record(cfg: PrismConfig, out_dir: Path, echo: bool = True, options: RecordOp
             raise
         return _record_oom(cfg, out_dir, err)
     warmup = cfg.job.warmup
-    ranks = {r: rank_metrics(r, res["step_times_s"], warmup, _peak(res, warmup)) for r, res in results.items()}
+    ranks = {r: rank_metrics(r, res["step_times_s"], warmup, result_peak(res, warmup)) for r, res in results.items()}
     if opts.instrument:
         trace = merge_parts(out_dir / "trace_parts", cfg.job.world_size)
         validate(trace)
@@ -98,20 +89,7 @@ def record(cfg: PrismConfig, out_dir: Path, echo: bool = True, options: RecordOp
 
 def _record_oom(cfg: PrismConfig, out_dir: Path, err: LaunchError) -> dict:
     """A rank ran out of device memory: the job stops there, as it would on GPUs; report what was measured."""
-    warmup = cfg.job.warmup
-    ranks = {}
-    for rank in range(cfg.job.world_size):
-        res = err.results.get(rank, {})
-        times = res.get("step_times_s", [])[warmup:]
-        oom = res.get("oom")
-        entry = {"iteration_time_s": statistics.median(times) if times else None, "step_times_s": times,
-                 "peak_memory_bytes": _peak(res, warmup), "oom": bool(oom)}
-        if oom:
-            entry["oom_step"] = oom["step"]
-        ranks[rank] = entry
-    document = metrics_document("real", cfg.job.world_size, ranks)
-    oom_ranks = sorted(r for r, e in ranks.items() if e["oom"])
-    document["oom"] = {"ranks": oom_ranks, "step": min(ranks[r]["oom_step"] for r in oom_ranks),
-                       "message": err.error["traceback"].strip().splitlines()[-1]}
+    document = oom_document("real", cfg.job.world_size, list(range(cfg.job.world_size)), err.results,
+                            cfg.job.warmup, err.error["traceback"].strip().splitlines()[-1])
     write_metrics(out_dir / "metrics.json", document)
     return document

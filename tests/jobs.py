@@ -86,3 +86,21 @@ CRASH_IN_SLICE_SCRIPT = """
         model(x).sum().backward()
         opt.step()
 """
+
+
+def assert_no_rank_processes() -> None:
+    """No rank process or replay assistant started by this test process is still running."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        left = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                cmd = " ".join(p.cmdline())
+            except psutil.Error:
+                continue
+            if "prism_core." in cmd:     # rank_main, the assistant, the collection's zygote
+                left.append((p.pid, cmd[:120]))
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"processes left running: {left}"

@@ -60,12 +60,21 @@ def _peak(peaks: list[int | None], warmup: int) -> int | None:
 def prediction_metrics(cfg: PrismConfig, prediction: Prediction) -> dict:
     """metrics.json, mode "predicted", for every rank (DESIGN.md §9); the ablation rides along."""
     warmup = cfg.job.warmup
+    capacity = cfg.job.device_memory_bytes
     ranks = {}
     for r, times in prediction.step_times.items():
         entry = rank_metrics(r, times, warmup, _peak(prediction.peaks[r], warmup))
+        over = [k for k, p in enumerate(prediction.peaks[r]) if capacity is not None and p is not None and p > capacity]
+        if over:   # the slice ran unbounded; with the capacity this rank runs out at that step
+            entry["oom"], entry["oom_step"] = True, over[0]
         measured = prediction.uncalibrated[r][warmup:]
         entry["uncalibrated_iteration_time_s"] = statistics.median(measured) if measured else None
         ranks[r] = entry
     doc = metrics_document("predicted", cfg.job.world_size, ranks)
     doc["calibration_rounds"] = prediction.rounds
+    oom = sorted(r for r, e in ranks.items() if e["oom"])
+    if oom:
+        step = min(ranks[r]["oom_step"] for r in oom)
+        doc["oom"] = {"ranks": [r for r in oom if ranks[r]["oom_step"] == step], "step": step,
+                      "message": f"peak live memory would exceed job.device_memory_bytes={capacity}"}
     return doc

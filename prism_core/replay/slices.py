@@ -76,9 +76,9 @@ def _same_up_to_renaming(trace: Trace, source: np.ndarray) -> bool:
 
 
 def slice_key(graph_key: str, cfg: PrismConfig, sandbox: list[int]) -> str:
-    """What a slice's measurements depend on beyond the bare graph: its ranks and the device capacity."""
-    shaped = {"graph": graph_key, "sandbox": sorted(sandbox), "device_memory_bytes": cfg.job.device_memory_bytes,
-              "warmup": cfg.job.warmup}
+    """What a slice's measurements depend on beyond the bare graph: its ranks (slices run without the
+    device capacity, see `run_slice`)."""
+    shaped = {"graph": graph_key, "sandbox": sorted(sandbox), "warmup": cfg.job.warmup}
     return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -94,10 +94,27 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
     """Run one slice (or reuse a finished one): sandbox ranks real, the rest replayed by the assistant.
 
     `timing`: a calibrated `timeline.npz`; the virtual ranks then replay in calibrated time.
+    Slices run without `job.device_memory_bytes`: they measure time and the exact peak, which
+    the calibration compares with the capacity; the emulation is where a rank runs out.
     """
     out_dir = Path(out_dir)
     if (out_dir / SLICE_DONE).is_file():
         return SliceOutput(out_dir, sorted(sandbox), True)
+    unbounded = cfg.model_copy(update={"job": cfg.job.model_copy(update={"device_memory_bytes": None})})
+    results = run_with_assistant(unbounded, graph_dir, sandbox, out_dir, timing)
+    write_json_atomic(out_dir / SLICE_DONE, {"sandbox": sorted(sandbox), "pid": os.getpid(),
+                                             "steps": {str(r): len(res["step_times_s"]) for r, res in results.items()}})
+    return SliceOutput(out_dir, sorted(sandbox), False)
+
+
+def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
+                       timing: Path | None = None) -> dict[int, dict]:
+    """Launch the sandbox ranks (the real program, instrumented as in `prism record`) and the replay
+    assistant for every other rank; return each sandbox rank's result or raise `LaunchError`.
+
+    Used by the slices (structure only, or a refining pass) and by the emulation (calibrated time).
+    """
+    out_dir = Path(out_dir)
     for sub in ("results", "errors", "trace_parts", "flight", "logs", "replay"):
         shutil.rmtree(out_dir / sub, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +134,4 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
                       helper=helper)
-    results = launch(spec)
-    write_json_atomic(out_dir / SLICE_DONE, {"sandbox": sorted(sandbox), "pid": os.getpid(),
-                                             "steps": {str(r): len(res["step_times_s"]) for r, res in results.items()}})
-    return SliceOutput(out_dir, sorted(sandbox), False)
+    return launch(spec)

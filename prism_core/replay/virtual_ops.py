@@ -51,7 +51,7 @@ class Inputs:
     def __init__(self, cache_root, ranks):
         self._readers: dict[int, TensorCacheReader] = {}
         self._held: dict[tuple[int, str], list[torch.Tensor]] = {}
-        self._splits: dict[tuple[int, str], list[int]] = {}
+        self._splits: dict[tuple[int, str], list[int] | None] = {}
         if cache_root is not None:
             for r in ranks:
                 if (cache_root / "ranks" / str(r)).is_dir():
@@ -67,9 +67,9 @@ class Inputs:
                 if tensors is not None:
                     self._held[(rank, key)] = tensors
                     held += sum(t.numel() * t.element_size() for t in tensors)
-                splits = self._read_splits(rank, key)
-                if splits is not None:
-                    self._splits[(rank, key)] = splits
+                if self.splits(rank, key) is not None:   # an all-to-all: every member's splits are needed
+                    for member in self._readers:
+                        self.splits(member, key)
         return held
 
     def _read(self, rank: int, key: str) -> list[torch.Tensor] | None:
@@ -94,8 +94,10 @@ class Inputs:
         return reader.shape(key)
 
     def splits(self, rank: int, key: str) -> list[int] | None:
-        held = self._splits.get((rank, key))
-        return held if held is not None else self._read_splits(rank, key)
+        """An all-to-all's input splits as `rank` issued it (read once; None when not cached)."""
+        if (rank, key) not in self._splits:
+            self._splits[(rank, key)] = self._read_splits(rank, key)
+        return self._splits[(rank, key)]
 
     def _read_splits(self, rank: int, key: str) -> list[int] | None:
         reader = self._readers.get(rank)

@@ -1,0 +1,118 @@
+"""Stage 3: the ranks of interest run for real while the assistant replays the rest in calibrated time.
+
+The emulated rank measures its own step times and exactly the real run's peak memory; with a
+device capacity the real run cannot meet it runs out at the same step as the real run; a late
+sandbox rank delays the virtual ranks that wait for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prism_core.calibrate.stage import time_and_calibrate
+from prism_core.collect.stage import collect
+from prism_core.config import load_config
+from prism_core.emulate.stage import emulate
+from prism_core.record import RecordOptions, record
+
+from prism_core.trace.schema import COMM
+
+from tests.jobs import assert_no_rank_processes, assert_nothing_left, make_job
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _calibrated(cfg, tmp_path):
+    graph = collect(cfg, tmp_path / "collect")
+    predicted = time_and_calibrate(cfg, graph.trace, graph.directory, tmp_path / "timing", tmp_path / "calibrate")
+    return graph, predicted
+
+
+def _with_roi(cfg, ranks, **job):
+    return cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"ranks_of_interest": ranks}),
+                                  "job": cfg.job.model_copy(update=job)})
+
+
+@pytest.mark.timeout(300)
+def test_rank_of_interest_is_emulated_with_the_real_runs_memory(tmp_path):
+    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1",
+                                                           "emulation.ranks_of_interest=1"])
+    graph, predicted = _calibrated(cfg, tmp_path)
+    doc = emulate(cfg, graph.directory, tmp_path / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted)
+    assert doc["mode"] == "emulated" and doc["world_size"] == 2 and set(doc["ranks"]) == {"1"}
+    assert json.loads((tmp_path / "emulate" / "metrics.json").read_text()) == doc
+    entry = doc["ranks"]["1"]
+    assert len(entry["step_times_s"]) == cfg.job.iterations - cfg.job.warmup
+    assert all(t > 0 for t in entry["step_times_s"]) and entry["oom"] is False
+    assert entry["predicted_iteration_time_s"] == predicted["ranks"]["1"]["iteration_time_s"]
+    assert doc["emulation"]["virtual_ranks"] == 1
+    assert doc["emulation"]["groups_instantiated"] == doc["emulation"]["groups_in_job"] == 1
+    real = record(cfg, tmp_path / "record", options=RecordOptions(echo=False))
+    assert entry["peak_memory_bytes"] == real["ranks"]["1"]["peak_memory_bytes"]
+    assert_no_rank_processes()
+
+
+@pytest.mark.timeout(300)
+def test_out_of_memory_at_the_real_runs_rank_and_step(tmp_path):
+    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1"])
+    free = record(cfg, tmp_path / "free", options=RecordOptions(echo=False))
+    peaks = {int(r): m["peak_memory_bytes"] for r, m in free["ranks"].items()}
+    assert peaks[0] != peaks[1]
+    big, small = max(peaks, key=peaks.get), min(peaks, key=peaks.get)
+    capacity = (peaks[big] + peaks[small]) // 2          # only the rank with the larger peak runs out
+    bounded = _with_roi(cfg, [big], device_memory_bytes=capacity)
+    real = record(bounded, tmp_path / "record", options=RecordOptions(echo=False))
+    assert real["oom"]["ranks"] == [big]
+    graph, predicted = _calibrated(bounded, tmp_path)  # slices run unbounded; the prediction flags the rank
+    assert predicted["oom"]["ranks"] == [big] and predicted["oom"]["step"] == real["oom"]["step"]
+    doc = emulate(bounded, graph.directory, tmp_path / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted)
+    assert doc["oom"]["ranks"] == [big] and doc["oom"]["step"] == real["oom"]["step"]
+    assert doc["ranks"][str(big)]["oom_step"] == real["ranks"][str(big)]["oom_step"]
+    assert "OutOfMemoryError" in doc["oom"]["message"] or "out of memory" in doc["oom"]["message"].lower()
+    assert_no_rank_processes()
+
+
+# rank 0 sends to rank 1 every step, sleeping first while the file named by $SLOW_FLAG exists
+LATE_SENDER_SCRIPT = """
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(6):
+        x = torch.ones(64)
+        if rank == 0:
+            if Path(os.environ["SLOW_FLAG"]).exists():
+                time.sleep(0.25)
+            dist.send(x, 1)
+        else:
+            dist.recv(x, 0)
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_late_sandbox_rank_delays_the_virtual_ranks(tmp_path, monkeypatch):
+    flag = tmp_path / "slow"
+    monkeypatch.setenv("SLOW_FLAG", str(flag))
+    config, script = make_job(tmp_path, LATE_SENDER_SCRIPT, name="late", iterations=6)
+    cfg = load_config(config, ["emulation.sandbox=1", "emulation.ranks_of_interest=0"])
+    graph, _ = _calibrated(cfg, tmp_path)                  # timed without the sleep
+    timeline = tmp_path / "calibrate" / "timeline.npz"
+    recvs = graph.trace.rank_slice(1).start + np.nonzero(
+        graph.trace.columns["kind"][graph.trace.rank_slice(1)] == COMM)[0]
+    spread = {}
+    for name in ("on_time", "late"):
+        if name == "late":
+            flag.write_text("")
+        doc = emulate(cfg, graph.directory, timeline, tmp_path / name)
+        issued = np.load(tmp_path / name / "replay" / "arrivals.npy")[recvs]
+        spread[name] = issued.max() - issued.min()
+        assert doc["ranks"]["0"]["iteration_time_s"] > 0
+    assert_nothing_left(tmp_path, script)
+    # virtual rank 1 issues each next recv only after the late send arrived: 5 gaps of >= 0.25 s
+    assert spread["on_time"] < 0.5 and spread["late"] > 5 * 0.25 * 0.9, spread
