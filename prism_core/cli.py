@@ -119,6 +119,9 @@ class _Terminated(Exception):
 
 
 def _on_sigterm(signum, frame):
+    from prism_core.launch.launcher import stop_all
+
+    stop_all()   # ranks launched from worker threads (Dask slices) are stopped here, not by their thread
     raise _Terminated()
 
 
@@ -152,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated):
+        from prism_core.launch.launcher import stop_all
+
+        stop_all()
         print("prism: interrupted; all rank processes were stopped", file=sys.stderr)
         return 130
     finally:

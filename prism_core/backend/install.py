@@ -8,6 +8,8 @@ run, or none — the group is a PrismProcessGroup (`get_backend()` then answers 
 
 from __future__ import annotations
 
+import os
+
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
@@ -15,11 +17,30 @@ from prism_core.backend.process_group import PrismProcessGroup
 from prism_core.trace.recorder import Recorder
 
 BACKEND_NAME = "prism"
-_state: dict = {"installed": False, "recorder": None, "transport": None}
+ENV_PUBLISH_GROUPS = "PRISM_PUBLISH_GROUPS"   # "1" in a sandbox rank: tell the replay assistant group names
+_state: dict = {"installed": False, "recorder": None, "transport": None, "made": {}}
+
+
+def group_name_key(ranks, nth: int) -> str:
+    """Store key under which a sandbox rank publishes the c10d name of the nth group of this rank set."""
+    return "prism/group_name/" + ",".join(map(str, sorted(ranks))) + f"/{nth}"
+
+
+def _publish(store, ranks: list[int], name: str) -> None:
+    """c10d names groups by creation count; a graph built from one DP replica cannot know the names
+    of the other replicas' groups, so the ranks that run for real say them."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    made = _state["made"]
+    nth = made.get(tuple(sorted(ranks)), 0)
+    made[tuple(sorted(ranks))] = nth + 1
+    store.set(group_name_key(ranks, nth), name)
 
 
 def _create(opts, backend_options) -> PrismProcessGroup:
     ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+    if os.environ.get(ENV_PUBLISH_GROUPS) == "1":
+        _publish(opts.store, ranks, opts.group_id)
     factory = _state["transport"]
     inner = factory(opts.group_id, tuple(ranks), opts.group_rank) if factory is not None else None
     return PrismProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks, opts.group_id,

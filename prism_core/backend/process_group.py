@@ -149,7 +149,7 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     # -- recording -------------------------------------------------------------------------------
     def _run(self, op: str, inputs, outputs, start, *, peer: int = -1, tag: int = -1, p2p: bool = False,
-             reduce=None):
+             reduce=None, splits=None):
         rec = self._recorder
         if rec is None:
             works = start()
@@ -166,7 +166,7 @@ class PrismProcessGroup(dist.ProcessGroup):
             me = self._global_ranks[self.rank()]
             p2p_key = (me, global_peer, tag) if op == "send" else (global_peer, me, tag)
         node = rec.issue(op, self._name, self._global_ranks, global_peer, _nbytes(ins), dtype, tag, p2p_key,
-                         reduce_name(reduce) if reduce is not None else "")
+                         reduce_name(reduce) if reduce is not None else "", list(splits) if splits else None)
         works = start()
         rec.issued(node)
         return PrismWork(works, rec, node, outputs, not p2p and self._gloo, watch)
@@ -226,7 +226,8 @@ class PrismProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
         opts = opts if opts is not None else c10d.AllToAllOptions()
         return self._run("all_to_all_single", [input], [output],
-                         lambda: [self._inner.alltoall_base(output, input, output_splits, input_splits, opts)])
+                         lambda: [self._inner.alltoall_base(output, input, output_splits, input_splits, opts)],
+                         splits=input_splits)
 
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else c10d.AllToAllOptions()

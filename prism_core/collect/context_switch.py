@@ -23,12 +23,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from prism_core.collect.client import ENV_SOCKET
 from prism_core.collect.coordinator import CollectError, Coordinator
-from prism_core.collect.dedup import expand_replica
+from prism_core.collect.dedup import expand_replica, replica_source
 from prism_core.cache import CacheError
 from prism_core.collect.cached import ENV_TENSOR_CACHE
-from prism_core.collect.local import ENV_RULES, ENV_USER_RULES
+from prism_core.collect.local import ENV_CACHE_OUT, ENV_RULES, ENV_USER_RULES
 from prism_core.topology import Topology
 from prism_core.workloads.moe_gpt.rules import RULES as MOE_GPT_RULES
 from prism_core.config import PrismConfig, config_to_dict
@@ -39,6 +41,7 @@ from prism_core.trace import STORE_NAME, Trace, merge_parts, validate, write_tra
 
 BUILTIN_RULES = {"builtin:moe_gpt": MOE_GPT_RULES}
 CACHE_NAME = "tensors.zarr"
+REPLICA_SOURCE = "replica_source.npy"   # rules mode with DP dedup: per rank, the replica-0 rank it copies
 
 
 @dataclass
@@ -110,6 +113,9 @@ def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: l
     cache = {}
     if mode == "rules" and cfg.emulation.tensor_cache is not None:
         cache = {ENV_TENSOR_CACHE: str(tensor_cache_path(cfg))}
+    if mode == "rules":   # each collected rank keeps what it sent, for the replay of virtual ranks
+        shutil.rmtree(out_dir / CACHE_NAME, ignore_errors=True)
+        cache[ENV_CACHE_OUT] = str(out_dir / CACHE_NAME)
     env = dict(os.environ, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), ROLE_WORLD_SIZE=str(world),
                GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PRISM_LAUNCHER_PID=str(os.getpid()),
@@ -169,7 +175,9 @@ def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: l
     wall = time.monotonic() - start
     trace = merge_parts(out_dir / "trace_parts", world, ranks)
     if ranks is not None:
-        trace = expand_replica(trace, Topology.from_config(cfg))
+        topo = Topology.from_config(cfg)
+        trace = expand_replica(trace, topo)
+        np.save(out_dir / REPLICA_SOURCE, replica_source(topo))   # whose cached inputs each rank replays
     validate(trace)
     path = write_trace(trace, out_dir / STORE_NAME)
     switches = coordinator.switches if coordinator is not None else len(ranks or range(world))

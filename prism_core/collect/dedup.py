@@ -30,6 +30,16 @@ def rank_map(topo: Topology, replica: int) -> np.ndarray:
     return image
 
 
+def replica_source(topo: Topology) -> np.ndarray:
+    """Per global rank: the replica-0 rank whose nodes it takes in the expanded graph."""
+    source = np.empty(topo.world_size, dtype=np.int64)
+    for d in range(topo.dp):
+        image = rank_map(topo, d)
+        for r in topo.replica_ranks(0):
+            source[int(image[r])] = r
+    return source
+
+
 def expand_replica(trace: Trace, topo: Topology) -> Trace:
     """A full W-rank trace built from the replica-0 ranks of `trace` (other ranks' rows are ignored)."""
     if trace.world_size != topo.world_size:
@@ -80,4 +90,4 @@ def expand_replica(trace: Trace, topo: Topology) -> Trace:
     columns = {k: np.concatenate([c[k] for c in per_rank]) for k in trace.columns}
     peaks = [trace.step_peaks[source[t][0]] if trace.step_peaks else [] for t in range(topo.world_size)]
     return Trace(world_size=topo.world_size, columns=columns, offsets=offsets, groups=groups, group_names=names,
-                 labels=list(trace.labels), dtypes=list(trace.dtypes), step_peaks=peaks)
+                 labels=list(trace.labels), dtypes=list(trace.dtypes), step_peaks=peaks, splits=list(trace.splits))

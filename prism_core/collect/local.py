@@ -7,6 +7,7 @@ from the workload's rules, then filler (`rules.py`).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from collections import defaultdict
 
@@ -19,6 +20,7 @@ from prism_core.collect.rules import OpView, answer, check_answer, load_rules
 
 ENV_RULES = "PRISM_RULES"           # comma-separated module:function names (the config's, then the workload's)
 ENV_USER_RULES = "PRISM_USER_RULES"  # how many of them come first, ahead of the cache
+ENV_CACHE_OUT = "PRISM_CACHE_OUT"    # tensors.zarr that receives each collected rank's communication inputs
 
 
 class LocalWork(dist.Work):
@@ -40,6 +42,7 @@ class LocalWork(dist.Work):
 
 class RulesTransport:
     _rules = None
+    _writer = None   # this rank's TensorCacheWriter: what it sent, for the replay of virtual ranks
 
     @classmethod
     def rules(cls):
@@ -52,13 +55,27 @@ class RulesTransport:
     def user_rule_count(cls) -> int:
         return int(os.environ.get(ENV_USER_RULES, "0"))
 
-    @staticmethod
-    def start_process() -> None:
-        pass
+    @classmethod
+    def start_process(cls) -> None:
+        if os.environ.get(ENV_CACHE_OUT):
+            from prism_core.cache import TensorCacheWriter
 
-    @staticmethod
-    def finish_process() -> None:
-        pass
+            cls._writer = TensorCacheWriter(Path(os.environ[ENV_CACHE_OUT]), int(os.environ["RANK"]))
+
+    @classmethod
+    def finish_process(cls) -> None:
+        if cls._writer is not None:
+            cls._writer.close()
+            cls._writer = None
+
+    def _keep(self, key: str, inputs, splits: list[int] | None = None) -> None:
+        """What this rank sent in the op, under the key context switching uses (rebuilt by replay)."""
+        if self._writer is None:
+            return
+        for j, t in enumerate(inputs):
+            self._writer.put(f"{key}/{j}", t.detach())
+        if splits:
+            self._writer.put(f"{key}/splits", torch.tensor(splits, dtype=torch.int64))
 
     def __init__(self, group_name: str, global_ranks: tuple[int, ...], group_rank: int):
         self.group, self.ranks, self.me = group_name, tuple(global_ranks), group_rank
@@ -68,6 +85,10 @@ class RulesTransport:
         self.rank = int(os.environ["RANK"])
 
     def _cache_key(self, kind: str, peer: int | None, tag: int) -> str:
+        if kind == "send":
+            seq = self._cache_seq[(self.me, peer, tag)]
+            self._cache_seq[(self.me, peer, tag)] = seq + 1
+            return f"p/{self.group}/{self.rank}/{self.ranks[peer]}/{tag}/{seq}"
         if kind != "recv":
             seq = self._cache_seq[()]
             self._cache_seq[()] = seq + 1
@@ -82,6 +103,8 @@ class RulesTransport:
         seq = self._seq
         self._seq += 1
         key = self._cache_key(kind, peer, tag)
+        if kind not in ("recv", "barrier"):
+            self._keep(key, inputs, (meta or {}).get("in_splits"))
         view = OpView(rank=self.rank, world_size=self.world, kind=kind, group=self.ranks, group_rank=self.me,
                       seq=seq, inputs=list(inputs), outputs=list(outputs), root=root)
         rules = self.rules()
@@ -157,6 +180,7 @@ class RulesTransport:
         return self._op("reduce", tensors, tensors, root=opts.rootRank, meta={"reduce": _reduce_name(opts.reduceOp)})
 
     def send(self, tensors, dst, tag):
+        self._keep(self._cache_key("send", dst, tag), tensors)
         return LocalWork(tensors)
 
     def recv(self, tensors, src, tag):

@@ -17,6 +17,7 @@ from pathlib import Path
 from prism_core.collect.context_switch import collect_context_switch, collect_rules, tensor_cache_path
 from prism_core.config import PrismConfig
 from prism_core.runtime import write_json_atomic
+from prism_core.trace.schema import SCHEMA_VERSION
 from prism_core.trace import STORE_NAME, Trace, load_trace
 
 _WORKLOAD_DIR = Path(__file__).resolve().parents[1] / "workloads"
@@ -54,7 +55,8 @@ def input_key(cfg: PrismConfig) -> str:
     shaped = {"job": job, "model": cfg.model.model_dump(mode="json"), "parallel": cfg.parallel.model_dump(mode="json"),
               "collect_mode": cfg.emulation.collect_mode, "rules": list(cfg.emulation.rules),
               "dp_dedup": cfg.emulation.dp_dedup,
-              "program_source": _program_digest(cfg), "tensor_cache": _cache_digest(cfg)}
+              "program_source": _program_digest(cfg), "tensor_cache": _cache_digest(cfg),
+              "schema": SCHEMA_VERSION}   # a graph of an older trace schema is collected again
     return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()[:16]
 
 

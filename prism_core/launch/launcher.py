@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,19 @@ def _rank_env(spec: LaunchSpec, rank: int, port: int) -> dict[str, str]:
     return env
 
 
+_LIVE: set = set()   # jobs running in this process (launches may run on several threads: Dask slices)
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_all() -> None:
+    """Stop every job this process launched and has not finished (on SIGTERM / Ctrl-C of the CLI,
+    whose launches may be running on worker threads that would otherwise keep their ranks alive)."""
+    with _LIVE_LOCK:
+        jobs = list(_LIVE)
+    for job in jobs:
+        job.kill()
+
+
 class _Job:
     """The running ranks of one launch, in one process group."""
 
@@ -133,6 +147,8 @@ class _Job:
         return proc
 
     def start(self, port: int) -> None:
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         (self.spec.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         if self.spec.helper is not None:
             env = _rank_env(self.spec, -1, port)
@@ -164,6 +180,8 @@ class _Job:
                 pass
 
     def close(self) -> None:
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
         for log in self.logs:
             log.close()
 

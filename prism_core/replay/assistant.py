@@ -22,6 +22,7 @@ import heapq
 import os
 import queue
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -74,8 +75,27 @@ def c10d_store(base, group_name: str):
     return dist.PrefixStore("prism_gloo/", dist.PrefixStore("cpu/", store))
 
 
+def _nth_of_rank_set(trace) -> list[int]:
+    """Per group: how many groups of the same rank set the program created before it (c10d's order:
+    numeric names count up; a DP-expanded group carries its place as `dedup:<n>:`)."""
+    def order(g: int) -> int:
+        name = trace.group_names[g]
+        if name.isdigit():
+            return int(name)
+        return int(name.split(":")[1]) if name.startswith("dedup:") else 1 << 62
+    by_set: dict[tuple[int, ...], list[int]] = {}
+    for g in sorted(range(len(trace.groups)), key=lambda g: (order(g), g)):
+        by_set.setdefault(tuple(sorted(trace.groups[g])), []).append(g)
+    nth = [0] * len(trace.groups)
+    for ids in by_set.values():
+        for n, g in enumerate(ids):
+            nth[g] = n
+    return nth
+
+
 class Assistant:
-    def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float, model=None):
+    def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float, model=None,
+                 source: np.ndarray | None = None):
         from prism_core.replay.virtual_ops import Inputs
         from prism_core.trace.matching import match_ops
 
@@ -89,18 +109,24 @@ class Assistant:
         self.real_groups = {g for g, members in enumerate(trace.groups) if self.sandbox & set(members)}
         self.pgs: dict[tuple[int, int], object] = {}
         self.events: queue.SimpleQueue = queue.SimpleQueue()
-        self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="p2p-wait")
+        # issues (one drain per gloo group at a time) and blocking p2p waits
+        self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="gloo-issue-wait")
+        self.pending: dict[tuple[int, int], deque] = {}
+        self.lock = threading.Lock()
         self.local: dict[int, _Local] = {}
         self.model = model        # timed mode: the calibrated NodeModel (spans, transfers); None: structure
         self.timers: list = []
         self._timer_seq = 0
         self.clock: dict[int, float] = {}
+        self._ranks = None        # rank of every node, when first needed
+        self.source = source      # DP-expanded graph: per rank, the collected rank it copies
 
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
         """A gloo group per virtual member of every group holding a sandbox rank (lazily connected)."""
         import torch.distributed as dist
 
+        from prism_core.backend.install import group_name_key
         from prism_core.trace.schema import OPS
 
         timeout = datetime.timedelta(seconds=self.timeout_s)
@@ -109,11 +135,17 @@ class Assistant:
         for r in self.virtual:
             s = self.trace.rank_slice(r)
             nodes = s.start + np.nonzero(np.isin(c["group"][s], list(self.real_groups)))[0]
-            wanted[r] = [self._key(r, int(i)) for i in nodes if OPS[c["op"][i]] != "recv"]
+            for i in nodes:
+                if OPS[c["op"][i]] != "recv":
+                    holder, key = self._cached_as(r, int(i))
+                    wanted.setdefault(holder, []).append(key)
         self.inputs.preload(wanted)
+        nth = _nth_of_rank_set(self.trace)
         for g in sorted(self.real_groups):
             members = self.trace.groups[g]
-            store = c10d_store(base_store, self.trace.group_names[g])
+            # the name c10d gave this group where the program runs, as a sandbox member published it
+            name = base_store.get(group_name_key(members, nth[g])).decode()
+            store = c10d_store(base_store, name)
             for position, rank in enumerate(members):
                 if rank not in self.sandbox:
                     self.pgs[(rank, g)] = dist.ProcessGroupGloo(store, position, len(members), timeout)
@@ -279,7 +311,7 @@ class Assistant:
     def _issue_gloo(self, rank: int, i: int, h: _Handle) -> None:
         import torch
 
-        from prism_core.replay.virtual_ops import OpSpec, issue, prepare
+        from prism_core.replay.virtual_ops import OpSpec, prepare
         from prism_core.trace.schema import OPS, REDUCE_OPS, ROOTED_OPS
 
         c = self.trace.columns
@@ -287,27 +319,94 @@ class Assistant:
         members = self.trace.groups[g]
         kind = OPS[c["op"][i]]
         peer = int(c["peer"][i])
-        key = self._key(rank, i)
+        holder, key = self._cached_as(rank, i)
         spec = OpSpec(kind=kind, key=key, group=tuple(members), me=members.index(rank), nbytes=int(c["bytes"][i]),
                       dtype=getattr(torch, self.trace.dtypes[c["dtype"][i]] or "float32"),
                       reduce=REDUCE_OPS[c["reduce"][i]],
                       root=members.index(peer) if c["op"][i] in ROOTED_OPS and peer >= 0 else None,
                       peer=members.index(peer) if kind in ("send", "recv") else None, tag=int(c["tag"][i]))
-        tensors = prepare(spec, rank, self.inputs)
+        if kind == "all_to_all_single" and c["splits"][i]:
+            spec.member_splits, spec.row_bytes = self._member_splits(i, members)
+        tensors = prepare(spec, holder, self.inputs)
+        # Issuing a send or recv can block: a lazily connected gloo pair connects on its first op
+        # in the calling thread, which needs the peer to reach that pair too. So p2p ops issue on a
+        # pool thread, and whatever follows them on the same gloo group queues behind them (program
+        # order per group; one drain at a time); collectives of an idle group issue here at once.
+        pg_key = (rank, g)
+        pending = self.pending.setdefault(pg_key, deque())
+        with self.lock:
+            busy = bool(pending)
+            if busy or kind in ("send", "recv"):
+                pending.append((i, spec, tensors, h))
+        if busy:
+            return                                   # the group's drain issues it in turn
+        if kind in ("send", "recv"):
+            self.pool.submit(self._drain, pg_key)
+        else:
+            self._issue_now(pg_key, i, spec, tensors, h)
+
+    def _issue_now(self, pg_key: tuple[int, int], i: int, spec, tensors, h: _Handle) -> None:
+        from prism_core.replay.virtual_ops import issue
+
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
-        works, keep = issue(self.pgs[(rank, g)], spec, tensors)
+        works, keep = issue(self.pgs[pg_key], spec, tensors)
         h.keep = (works, keep)
-        if kind not in ("send", "recv") and len(works) == 1:
-            try:
-                works[0].get_future().then(lambda _f, h=h: self._done_at(h))
-                return
-            except RuntimeError:   # some gloo works have no future
-                pass
-        self.pool.submit(self._wait, works, h)
+        if spec.kind in ("send", "recv") or len(works) != 1 or not self._on_future(works[0], h):
+            self.pool.submit(self._wait, works, h)
+
+    def _drain(self, pg_key: tuple[int, int]) -> None:
+        pending = self.pending[pg_key]
+        try:
+            while True:
+                i, spec, tensors, h = pending[0]
+                self._issue_now(pg_key, i, spec, tensors, h)
+                with self.lock:
+                    pending.popleft()
+                    if not pending:
+                        return
+        except BaseException as err:  # noqa: BLE001 - reported on the loop's thread
+            self.events.put(err)
+
+    def _on_future(self, work, h: _Handle) -> bool:
+        try:
+            work.get_future().then(lambda _f, h=h: self._done_at(h))
+            return True
+        except RuntimeError:   # some gloo works have no future
+            return False
+
+    def _member_splits(self, i: int, members: tuple[int, ...]) -> tuple[list[list[int]], int]:
+        """Every member's splits of the uneven all-to-all node `i` takes part in, and the bytes of a row."""
+        from prism_core.trace.matching import node_ranks
+
+        c = self.trace.columns
+        o = int(self.match.op_id[i])
+        nodes = self.match.order[self.match.bounds[o]:self.match.bounds[o + 1]]
+        if self._ranks is None:
+            self._ranks = node_ranks(self.trace)
+        by_rank = {int(self._ranks[n]): int(n) for n in nodes}
+        splits, row_bytes = [], 0
+        for m in members:
+            text = self.trace.splits[c["splits"][by_rank[m]]]
+            if not text:
+                raise ValueError(f"all_to_all_single node {i}: rank {m} of group {list(members)} has no splits "
+                                 "recorded where its peers split unevenly")
+            s = [int(x) for x in text.split(",")]
+            if sum(s):
+                row_bytes = int(c["bytes"][by_rank[m]]) // sum(s)
+            splits.append(s)
+        return splits, row_bytes
 
     def _done_at(self, h: _Handle) -> None:
         h.when = time.perf_counter()
         self.events.put(h)
+
+    def _cached_as(self, rank: int, i: int) -> tuple[int, str]:
+        """Whose cache entry holds what `rank` sends at node `i`: its own, or, for a rank that a DP
+        expansion copied from a collected replica, that replica rank's at the same node."""
+        if self.source is None or self.inputs.has(rank):
+            return rank, self._key(rank, i)
+        s = int(self.source[rank])
+        return s, self._key(s, int(self.trace.offsets[s]) + i - int(self.trace.offsets[rank]))
 
     def _key(self, rank: int, i: int) -> str:
         """The op's key in the tensor cache, as context-switching collection wrote it."""
@@ -356,6 +455,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     import torch
     import torch.distributed as dist
 
+    from prism_core.collect.context_switch import REPLICA_SOURCE
     from prism_core.runtime import write_json_atomic
     from prism_core.trace import load_trace
 
@@ -366,7 +466,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     model = load_timing(timing) if timing is not None else None
     if model is not None and model.span.shape != trace.columns["kind"].shape:
         raise ValueError(f"{timing} does not belong to the graph {graph}")
-    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model)
+    source_path = Path(graph).parent / REPLICA_SOURCE
+    source = np.load(source_path) if source_path.is_file() else None
+    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source)
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prism_core.backend.install import ENV_PUBLISH_GROUPS
 from prism_core.collect.context_switch import CACHE_NAME
 from prism_core.config import PrismConfig, config_to_dict
 from prism_core.launch.launcher import LaunchSpec, launch
@@ -42,7 +43,7 @@ class TimingPlan:
 
 
 # columns a DP renaming leaves alone: equal on a rank and its source means equal durations apply
-_RENAMING_INVARIANT = ("kind", "op", "bytes", "dtype", "seq", "tag", "async_", "ref", "step", "reduce")
+_RENAMING_INVARIANT = ("kind", "op", "bytes", "dtype", "seq", "tag", "async_", "ref", "step", "reduce", "splits")
 
 
 def plan_slices(cfg: PrismConfig, trace: Trace, sandbox: int | None = None) -> TimingPlan:
@@ -120,7 +121,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.json"
     write_json_atomic(config_path, config_to_dict(cfg))
-    env = {"PRISM_CONFIG": str(config_path.resolve()), ENV_INSTRUMENT: "1", ENV_MEMORY: "1", ENV_LAZY_GLOO: "1"}
+    env = {"PRISM_CONFIG": str(config_path.resolve()), ENV_INSTRUMENT: "1", ENV_MEMORY: "1", ENV_LAZY_GLOO: "1",
+           ENV_PUBLISH_GROUPS: "1"}
     if cfg.job.device_memory_bytes is not None:
         env[ENV_CAPACITY] = str(cfg.job.device_memory_bytes)
     graph_dir = Path(graph_dir)

@@ -36,6 +36,9 @@ class OpSpec:
     root: int | None = None  # group position of the root (rooted ops)
     peer: int | None = None  # group position of the p2p peer
     tag: int = 0
+    # all_to_all_single split unevenly: rows each member sends to each member, from the graph
+    member_splits: list[list[int]] | None = None
+    row_bytes: int = 0
 
 
 PRELOAD_BYTES = 2 << 30   # cached inputs held in memory ahead of the replay, at most
@@ -51,7 +54,6 @@ class Inputs:
     def __init__(self, cache_root, ranks):
         self._readers: dict[int, TensorCacheReader] = {}
         self._held: dict[tuple[int, str], list[torch.Tensor]] = {}
-        self._splits: dict[tuple[int, str], list[int] | None] = {}
         if cache_root is not None:
             for r in ranks:
                 if (cache_root / "ranks" / str(r)).is_dir():
@@ -63,13 +65,12 @@ class Inputs:
             for key in keys:
                 if held > PRELOAD_BYTES:
                     return held
+                if (rank, key) in self._held:
+                    continue
                 tensors = self._read(rank, key)
                 if tensors is not None:
                     self._held[(rank, key)] = tensors
                     held += sum(t.numel() * t.element_size() for t in tensors)
-                if self.splits(rank, key) is not None:   # an all-to-all: every member's splits are needed
-                    for member in self._readers:
-                        self.splits(member, key)
         return held
 
     def _read(self, rank: int, key: str) -> list[torch.Tensor] | None:
@@ -82,8 +83,12 @@ class Inputs:
             i += 1
         return out
 
+    def has(self, rank: int) -> bool:
+        """The cache holds what `rank` sent (it was collected)."""
+        return rank in self._readers
+
     def get(self, rank: int, key: str) -> list[torch.Tensor] | None:
-        held = self._held.pop((rank, key), None)
+        held = self._held.get((rank, key))   # kept: DP-expanded ranks share their replica's entries
         tensors = held if held is not None else self._read(rank, key)
         return None if tensors is None else [t.clone() for t in tensors]
 
@@ -92,18 +97,6 @@ class Inputs:
         if reader is None or key not in reader:
             return None
         return reader.shape(key)
-
-    def splits(self, rank: int, key: str) -> list[int] | None:
-        """An all-to-all's input splits as `rank` issued it (read once; None when not cached)."""
-        if (rank, key) not in self._splits:
-            self._splits[(rank, key)] = self._read_splits(rank, key)
-        return self._splits[(rank, key)]
-
-    def _read_splits(self, rank: int, key: str) -> list[int] | None:
-        reader = self._readers.get(rank)
-        if reader is None or f"{key}/splits" not in reader:
-            return None
-        return [int(s) for s in reader.get(f"{key}/splits").tolist()]
 
     def close(self) -> None:
         for reader in self._readers.values():
@@ -129,15 +122,9 @@ class Prepared:
 def prepare(op: OpSpec, rank: int, inputs: Inputs) -> Prepared:
     cached = inputs.get(rank, op.key) if op.kind not in ("recv", "barrier") else None
     in_splits, out_splits, shapes = [], [], []
-    if op.kind == "all_to_all_single":
-        in_splits = inputs.splits(rank, op.key) or []
-        if in_splits:
-            for member in op.group:
-                theirs = in_splits if member == rank else inputs.splits(member, op.key)
-                if theirs is None:
-                    raise ReplayError(f"all_to_all_single {op.key}: rank {rank} splits unevenly but the cache has "
-                                      f"no splits of rank {member}")
-                out_splits.append(theirs[op.me])
+    if op.kind == "all_to_all_single" and op.member_splits:
+        in_splits = op.member_splits[op.me]
+        out_splits = [theirs[op.me] for theirs in op.member_splits]
     elif op.kind == "alltoall":
         shapes = [inputs.shape(member, f"{op.key}/{op.me}") for member in op.group]
     elif op.kind == "recv":
@@ -188,6 +175,8 @@ def issue(pg: dist.ProcessGroup, op: OpSpec, prepared: Prepared) -> tuple[list, 
     if k == "all_to_all_single":
         src = ins[0]
         in_splits, out_splits = prepared.in_splits, prepared.out_splits
+        if op.row_bytes and not cached:    # zeros of the recorded size, in the program's rows
+            src = src.reshape(-1, op.row_bytes // src.element_size())
         rows = sum(out_splits) if out_splits else (src.shape[0] if src.dim() else src.numel())
         out = torch.empty((rows, *src.shape[1:]), dtype=src.dtype)
         return [pg.alltoall_base(out, src, out_splits, in_splits, c10d.AllToAllOptions())], [src, out]

@@ -33,6 +33,7 @@ class Recorder:
         self._group_ids: dict[str, int] = {}
         self.labels: dict[str, int] = {"": 0}
         self.dtypes: dict[str, int] = {"": 0}
+        self.splits: dict[str, int] = {"": 0}
         self._stack: list[tuple[int, int, int]] = []
         self.step = 0
         self.step_peaks: list[int | None] = []
@@ -45,7 +46,7 @@ class Recorder:
     # -- points ------------------------------------------------------------------------------
     def _close_compute(self, now: float) -> None:
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
-        self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, 0, self._mark, now])
+        self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, 0, 0, self._mark, now])
         self._mark = now
         self._last_issue = None
 
@@ -79,7 +80,7 @@ class Recorder:
         return gid
 
     def issue(self, op: str, group_name: str, ranks: tuple[int, ...], peer: int, nbytes: int, dtype: str,
-              tag: int = -1, p2p_key: tuple | None = None, reduce: str = "") -> int:
+              tag: int = -1, p2p_key: tuple | None = None, reduce: str = "", splits: list[int] | None = None) -> int:
         """Record an op at the moment it is issued; returns its node index."""
         now = _now()
         self._close_compute(now)
@@ -88,11 +89,13 @@ class Recorder:
         seq = self._seq[key]
         self._seq[key] = seq + 1
         did = self.dtypes.setdefault(dtype, len(self.dtypes))
+        text = ",".join(map(str, splits)) if splits else ""
+        sid = self.splits.setdefault(text, len(self.splits))
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         idx = len(self.rows)
         code = OP_CODE[op]
         self.rows.append([COMM, code, gid, peer, nbytes, did, seq, tag, 0, -1, label, mb, chunk, self.step,
-                          REDUCE_CODE[reduce], now, float("nan")])
+                          REDUCE_CODE[reduce], sid, now, float("nan")])
         if self.flight is not None:
             self.flight.set(ISSUING, code, gid, seq, nbytes, peer)
         return idx
@@ -134,7 +137,7 @@ class Recorder:
         self.rows[idx][_ASYNC] = 1
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         self.rows.append([WAIT, self.rows[idx][1], self.rows[idx][2], -1, 0, 0, -1, -1, 0, idx, label, mb, chunk,
-                          self.step, 0, began, now])
+                          self.step, 0, 0, began, now])
         self._mark = now
 
     # -- output ------------------------------------------------------------------------------
@@ -148,6 +151,7 @@ class Recorder:
     def tables(self) -> dict:
         return {"rank": self.rank, "groups": {n: list(r) for n, r in self.groups.items()},
                 "group_order": list(self._group_ids), "labels": list(self.labels), "dtypes": list(self.dtypes),
+                "splits": list(self.splits),
                 "step_peaks": self.step_peaks}
 
     def write_part(self, directory: Path) -> Path:

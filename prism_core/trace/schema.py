@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 COMPUTE, COMM, WAIT = 0, 1, 2
 KINDS = ("compute", "comm", "wait")
@@ -45,6 +45,8 @@ COLUMNS: dict[str, np.dtype] = {
     "chunk": np.dtype(np.int32),
     "step": np.dtype(np.int32),
     "reduce": np.dtype(np.int8),     # index into REDUCE_OPS for reductions, 0 otherwise
+    "splits": np.dtype(np.int32),    # all_to_all_single: index into the splits table (rows this rank sends to
+                                     # each member, "3,0,5"); 0 ("") for an even split and other ops
     "t_start": np.dtype(np.float64),
     "t_end": np.dtype(np.float64),
 }

@@ -38,6 +38,7 @@ class Trace:
     labels: list[str]
     dtypes: list[str]
     step_peaks: list[list[int | None]] = field(default_factory=list)
+    splits: list[str] = field(default_factory=lambda: [""])   # all-to-all split table ("3,0,5"; "" = even)
 
     def rank_slice(self, rank: int) -> slice:
         return slice(int(self.offsets[rank]), int(self.offsets[rank + 1]))
@@ -70,6 +71,7 @@ def merge_parts(parts_dir: Path, world_size: int, ranks: list[int] | None = None
     groups: list[tuple[int, ...]] = []
     labels: dict[str, int] = {}
     dtypes: dict[str, int] = {}
+    splits: dict[str, int] = {"": 0}
     per_rank, peaks = [], []
     for rank in range(world_size):
         if rank not in wanted:
@@ -92,6 +94,8 @@ def merge_parts(parts_dir: Path, world_size: int, ranks: list[int] | None = None
         cols["group"] = np.where(has_group, gmap[np.where(has_group, cols["group"], 0)], -1).astype(np.int32)
         cols["label"] = lmap[cols["label"]]
         cols["dtype"] = dmap[cols["dtype"]]
+        smap = np.array([splits.setdefault(s, len(splits)) for s in tables["splits"]], dtype=np.int32)
+        cols["splits"] = smap[cols["splits"]]
         per_rank.append(cols)
         peaks.append(tables["step_peaks"])
     offsets = np.zeros(world_size + 1, dtype=np.int64)
@@ -99,7 +103,8 @@ def merge_parts(parts_dir: Path, world_size: int, ranks: list[int] | None = None
     columns = {name: np.concatenate([c[name] for c in per_rank]).astype(dtype, copy=False)
                for name, dtype in COLUMNS.items()}
     return Trace(world_size=world_size, columns=columns, offsets=offsets, groups=groups,
-                 group_names=list(group_ids), labels=list(labels), dtypes=list(dtypes), step_peaks=peaks)
+                 group_names=list(group_ids), labels=list(labels), dtypes=list(dtypes), step_peaks=peaks,
+                 splits=list(splits))
 
 
 def write_trace(trace: Trace, path: Path) -> Path:
@@ -120,7 +125,7 @@ def write_trace(trace: Trace, path: Path) -> Path:
     root.attrs.update({
         "schema_version": SCHEMA_VERSION, "world_size": trace.world_size, "ops": list(OPS),
         "groups": [{"name": n, "ranks": list(g)} for n, g in zip(trace.group_names, trace.groups)],
-        "labels": trace.labels, "dtypes": trace.dtypes, "step_peaks": trace.step_peaks,
+        "labels": trace.labels, "dtypes": trace.dtypes, "step_peaks": trace.step_peaks, "splits": trace.splits,
     })
     if path.exists():
         shutil.rmtree(path)
@@ -155,4 +160,5 @@ def load_trace(path: Path) -> Trace:
         raise TraceError(f"{path / 'rank_offsets'} does not match the columns ({len(columns['kind'])} nodes)")
     return Trace(world_size=attrs["world_size"], columns=columns, offsets=offsets,
                  groups=[tuple(g["ranks"]) for g in attrs["groups"]], group_names=[g["name"] for g in attrs["groups"]],
-                 labels=attrs["labels"], dtypes=attrs["dtypes"], step_peaks=attrs.get("step_peaks", []))
+                 labels=attrs["labels"], dtypes=attrs["dtypes"], step_peaks=attrs.get("step_peaks", []),
+                 splits=attrs["splits"])

@@ -27,7 +27,7 @@ def canonical(trace: Trace, rank: int) -> np.ndarray:
     """[nodes, fields] int64 matrix of rank's structure, comparable across traces."""
     cols = trace.rank(rank)
     groups = _lookup([",".join(map(str, g)) for g in trace.groups])
-    labels, dtypes = _lookup(trace.labels), _lookup(trace.dtypes)
+    labels, dtypes, splits = _lookup(trace.labels), _lookup(trace.dtypes), _lookup(trace.splits)
     out = []
     for name in STRUCTURAL_COLUMNS:
         col = cols[name].astype(np.int64)
@@ -37,6 +37,8 @@ def canonical(trace: Trace, rank: int) -> np.ndarray:
             col = labels[col]
         elif name == "dtype":
             col = dtypes[col]
+        elif name == "splits":
+            col = splits[col]
         out.append(col)
     return np.stack(out, axis=1) if out else np.empty((0, 0), dtype=np.int64)
 
@@ -56,6 +58,8 @@ def describe(trace: Trace, rank: int, index: int) -> str:
     if kind == "wait":
         return f"wait({op} on {group}, node {int(c['ref'])})"
     peer = f", peer {int(c['peer'])}" if int(c["peer"]) >= 0 else ""
+    if int(c["splits"]):
+        peer += f", splits [{trace.splits[int(c['splits'])]}]"
     return (f"{op}(group {group}{peer}, seq {int(c['seq'])}, {int(c['bytes'])} B "
             f"{trace.dtypes[int(c['dtype'])]}, step {int(c['step'])})")
 

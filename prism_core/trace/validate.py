@@ -27,6 +27,24 @@ def problems(trace: Trace) -> list[str]:
     comm = _comm_frame(trace)
     out += _collectives(trace, comm[~comm.op.isin(P2P_OPS)])
     out += _p2p(comm[comm.op.isin(P2P_OPS)])
+    out += _splits(trace)
+    return out
+
+
+def _splits(trace: Trace) -> list[str]:
+    """An uneven all-to-all names one split per group member, in whole rows of its bytes."""
+    c = trace.columns
+    out = []
+    table = [[int(x) for x in t.split(",")] if t else [] for t in trace.splits]
+    for i in np.nonzero(c["splits"] > 0)[0][:100_000]:
+        s = table[c["splits"][i]]
+        members = len(trace.groups[c["group"][i]])
+        rank = int(np.searchsorted(trace.offsets, i, side="right") - 1)
+        if len(s) != members or min(s) < 0 or (sum(s) and c["bytes"][i] % sum(s)) or (not sum(s) and c["bytes"][i]):
+            out.append(f"rank {rank} node {i - int(trace.offsets[rank])}: all_to_all_single splits {s} do not fit "
+                       f"its group of {members} and {int(c['bytes'][i])} B")
+            if len(out) >= MAX_REPORTED:
+                break
     return out
 
 

@@ -243,3 +243,29 @@ def test_validate_caps_the_list(tmp_path):
     assert len(problems(trace)) == 25
     with pytest.raises(TraceError, match=r"\(and 5 more\)$"):
         validate(trace)
+
+
+def _uneven_all_to_all(splits_of):
+    def script(rec):
+        world = (0, 1)
+        node = rec.issue("all_to_all_single", "0", world, -1, 4 * sum(splits_of[rec.rank]), "float32",
+                         splits=splits_of[rec.rank])
+        rec.issued(node)
+        inline, began = rec.wait_begin(node, True)
+        rec.wait_end(node, inline, began)
+    return script
+
+
+def test_uneven_all_to_all_keeps_its_splits_through_the_store(tmp_path):
+    from prism_core.trace import load_trace, write_trace
+
+    trace = trace_of(tmp_path, 2, _uneven_all_to_all({0: [3, 0], 1: [1, 2]}))
+    assert problems(trace) == []
+    back = load_trace(write_trace(trace, tmp_path / "t.zarr"))
+    comm = back.columns["kind"] == COMM
+    assert [back.splits[i] for i in back.columns["splits"][comm]] == ["3,0", "1,2"]
+
+
+def test_splits_that_do_not_fit_the_group_are_reported(tmp_path):
+    trace = trace_of(tmp_path, 2, _uneven_all_to_all({0: [3, 0, 1], 1: [1, 2]}))
+    assert "all_to_all_single splits [3, 0, 1] do not fit its group of 2" in only_problem(trace)
