@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml native_nccl/cpu_alloc/counting_allocator.cpp
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/prism record configs/demo.yaml --out artifacts/demo/record
+	$(BIN)/prism run configs/demo.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q

@@ -90,7 +90,7 @@ def test_help_exits_0(argv):
         assert "--set" in proc.stdout and "--out" in proc.stdout
 
 
-@pytest.mark.parametrize("command", ["collect", "calibrate"])
+@pytest.mark.parametrize("command", ["collect", "calibrate", "emulate", "run"])
 def test_stage_commands_refuse_a_bad_config_before_any_work(tmp_path, capsys, command):
     out = tmp_path / "out"
     status = cli.main([command, str(BASE), "--set", "emulation.sandbox=3", "--out", str(out)])
@@ -100,7 +100,63 @@ def test_stage_commands_refuse_a_bad_config_before_any_work(tmp_path, capsys, co
     assert not out.exists()
 
 
-def test_calibrate_help_names_the_dask_address():
-    proc = subprocess.run([str(PRISM), "calibrate", "--help"], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("command", ["calibrate", "emulate", "run"])
+def test_pipeline_commands_name_the_dask_address(command):
+    proc = subprocess.run([str(PRISM), command, "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "--dask-address" in proc.stdout
+
+
+# rank 1 sleeps in its first step while the file named by $HANG_FLAG exists
+HANGING_SCRIPT = """
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.ones(4)
+        dist.all_reduce(x)
+        if rank == 1 and Path(os.environ["HANG_FLAG"]).exists():
+            time.sleep(300)
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_a_run_and_every_rank_it_started(tmp_path):
+    import os
+    import signal
+    import time
+
+    from prism_core.collect.stage import collect
+    from prism_core.config import load_config
+    from tests.jobs import assert_nothing_left, make_job
+
+    config, script = make_job(tmp_path, HANGING_SCRIPT, name="hang", iterations=3)
+    flag = tmp_path / "hang.flag"
+    env = dict(os.environ, HANG_FLAG=str(flag))
+    os.environ["HANG_FLAG"] = str(flag)
+    try:
+        collect(load_config(config), tmp_path / "artifacts" / "hang" / "collect")   # without the flag
+    finally:
+        del os.environ["HANG_FLAG"]
+    for pid in (tmp_path / "pids").glob("*"):
+        pid.unlink()
+    flag.write_text("")
+    proc = subprocess.Popen([str(PRISM), "run", str(config)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "pids" / "1").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert (tmp_path / "pids" / "1").exists(), "the slice's rank 1 never started"
+        time.sleep(1.0)                       # rank 1 is asleep inside a slice running on a Dask thread
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert_nothing_left(tmp_path, script)

@@ -226,6 +226,9 @@ class TensorCacheReader:
     def shape(self, key: str) -> tuple[int, ...]:
         return self._entry(key)[4]
 
+    def nbytes(self, key: str) -> int:
+        return self._entry(key)[1]
+
     def _entry(self, key: str):
         try:
             return self._entries[key]
@@ -237,15 +240,30 @@ class TensorCacheReader:
         return self._data[start:stop]
 
     def _load(self, key: str) -> torch.Tensor:
-        offset, nbytes, checksum, dtype_name, shape = self._entry(key)
-        if nbytes:
-            try:
-                raw = np.ascontiguousarray(self._read_range(offset, offset + nbytes), dtype=np.uint8)
-            except Exception as err:  # noqa: BLE001 - codec CRC failures, missing shards, ...
-                raise CacheError(f"cache tensor {key} of rank {self.rank} cannot be read from "
-                                 f"{self.path / 'data'}: {type(err).__name__}: {err}") from None
-        else:
-            raw = np.zeros(0, dtype=np.uint8)
+        offset, nbytes, _, _, _ = self._entry(key)
+        return self._build(key, self._read(key, offset, offset + nbytes))
+
+    def _read(self, what: str, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.zeros(0, dtype=np.uint8)
+        try:
+            return np.ascontiguousarray(self._read_range(start, stop), dtype=np.uint8)
+        except Exception as err:  # noqa: BLE001 - codec CRC failures, missing shards, ...
+            raise CacheError(f"cache tensor {what} of rank {self.rank} cannot be read from "
+                             f"{self.path / 'data'}: {type(err).__name__}: {err}") from None
+
+    def get_many(self, keys: list[str]) -> dict[str, torch.Tensor]:
+        """Several tensors from one read of the bytes that span them (each checked on its own)."""
+        entries = {k: self._entry(k) for k in keys}
+        if not entries:
+            return {}
+        lo = min(e[0] for e in entries.values())
+        hi = max(e[0] + e[1] for e in entries.values())
+        span = self._read(f"range of {len(entries)} entries", lo, hi)
+        return {k: self._build(k, span[e[0] - lo:e[0] - lo + e[1]]) for k, e in entries.items()}
+
+    def _build(self, key: str, raw: np.ndarray) -> torch.Tensor:
+        _, nbytes, checksum, dtype_name, shape = self._entry(key)
         if raw.size != nbytes or zlib.crc32(raw) != checksum:
             raise CacheError(f"cache tensor {key} of rank {self.rank} fails its checksum ({self.path / 'data'})")
         try:

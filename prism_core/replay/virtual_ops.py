@@ -62,15 +62,23 @@ class Inputs:
     def preload(self, wanted: dict[int, list[str]]) -> int:
         held = 0
         for rank, keys in wanted.items():
-            for key in keys:
-                if held > PRELOAD_BYTES:
-                    return held
-                if (rank, key) in self._held:
-                    continue
-                tensors = self._read(rank, key)
-                if tensors is not None:
-                    self._held[(rank, key)] = tensors
-                    held += sum(t.numel() * t.element_size() for t in tensors)
+            reader = self._readers.get(rank)
+            if reader is None:
+                continue
+            parts: dict[str, list[str]] = {}
+            for key in dict.fromkeys(keys):
+                i = 0
+                while f"{key}/{i}" in reader:
+                    parts.setdefault(key, []).append(f"{key}/{i}")
+                    i += 1
+            names = [n for ns in parts.values() for n in ns]
+            size = sum(reader.nbytes(n) for n in names)
+            if held + size > PRELOAD_BYTES:
+                return held
+            loaded = reader.get_many(names)      # one read per rank
+            for key, ns in parts.items():
+                self._held[(rank, key)] = [loaded[n] for n in ns]
+            held += size
         return held
 
     def _read(self, rank: int, key: str) -> list[torch.Tensor] | None:

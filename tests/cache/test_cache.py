@@ -114,6 +114,23 @@ def test_corrupted_bytes_rewritten_through_zarr_fail_checksum(store: Path):
             r.get("r0/i64")
 
 
+def test_get_many_equals_get_and_checks_each_tensor(store: Path):
+    want = write_rank(store, 0)
+    with TensorCacheReader(store, 0) as r:
+        many = r.get_many(list(want))
+        assert list(many) == list(want)
+        for key, tensor in want.items():
+            assert_same(many[key], tensor)
+        assert r.get_many([]) == {}
+    g = zarr.open_group(str(store / "ranks" / "0"), mode="r+")
+    i = list(want).index("r0/i64")
+    off = int(g["offsets"][i]) + 3
+    g["data"][off:off + 1] = g["data"][off:off + 1] ^ 0xFF
+    with TensorCacheReader(store, 0) as r:
+        with pytest.raises(CacheError, match=r"cache tensor r0/i64 of rank 0 fails its checksum"):
+            r.get_many(list(want))
+
+
 def test_flipped_byte_in_chunk_file_is_detected(store: Path):
     write_rank(store, 2)
     shard = store / "ranks" / "2" / "data" / "c" / "0"
