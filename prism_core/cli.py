@@ -118,7 +118,14 @@ class _Terminated(Exception):
     pass
 
 
+_stopping = False
+
+
 def _on_sigterm(signum, frame):
+    global _stopping
+    if _stopping:      # a second signal (a process manager often sends two) must not cut the stop short
+        return
+    _stopping = True
     from prism_core.launch.launcher import stop_all
 
     stop_all()   # ranks launched from worker threads (Dask slices) are stopped here, not by their thread
@@ -126,7 +133,9 @@ def _on_sigterm(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _stopping
     args = _parser().parse_args(argv)
+    _stopping = False
     previous = signal.signal(signal.SIGTERM, _on_sigterm)  # so `finally` blocks stop the ranks
     try:
         cfg = load_config(args.config, args.overrides)

@@ -153,6 +153,8 @@ def test_sigterm_stops_a_run_and_every_rank_it_started(tmp_path):
         assert (tmp_path / "pids" / "1").exists(), "the slice's rank 1 never started"
         time.sleep(1.0)                       # rank 1 is asleep inside a slice running on a Dask thread
         proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)      # as process managers do; the second must not cut the stop short
         err = proc.communicate(timeout=60)[1]
     finally:
         if proc.poll() is None:

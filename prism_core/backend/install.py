@@ -8,6 +8,7 @@ run, or none — the group is a PrismProcessGroup (`get_backend()` then answers 
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import torch.distributed as dist
@@ -18,12 +19,14 @@ from prism_core.trace.recorder import Recorder
 
 BACKEND_NAME = "prism"
 ENV_PUBLISH_GROUPS = "PRISM_PUBLISH_GROUPS"   # "1" in a sandbox rank: tell the replay assistant group names
+ENV_SANDBOX = "PRISM_SANDBOX_RANKS"           # in a sandbox rank: the ranks that run for real (comma-separated)
 _state: dict = {"installed": False, "recorder": None, "transport": None, "made": {}}
 
 
 def group_name_key(ranks, nth: int) -> str:
     """Store key under which a sandbox rank publishes the c10d name of the nth group of this rank set."""
-    return "prism/group_name/" + ",".join(map(str, sorted(ranks))) + f"/{nth}"
+    members = hashlib.sha1(",".join(map(str, sorted(ranks))).encode()).hexdigest()   # store keys are short
+    return f"prism/group_name/{len(ranks)}/{members}/{nth}"
 
 
 def _publish(store, ranks: list[int], name: str) -> None:
@@ -57,6 +60,11 @@ def install(recorder: Recorder | None = None, transport=None) -> None:
     _state["transport"] = transport
     if _state["installed"]:
         return
+    if transport is not None:
+        # Collection runs ranks K at a time (or alone): c10d's store-based barrier (with
+        # TORCH_DIST_INIT_BARRIER=1) would wait for ranks that are not running. It adds nothing
+        # to the graph, so collection skips it.
+        c10d._store_based_barrier = lambda *args, **kwargs: None
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
     original = c10d._new_process_group_helper
@@ -65,4 +73,29 @@ def install(recorder: Recorder | None = None, transport=None) -> None:
         return original(group_size, group_rank, global_ranks_in_group, dist.Backend(BACKEND_NAME), *args, **kwargs)
 
     c10d._new_process_group_helper = helper
+    if os.environ.get(ENV_SANDBOX):
+        c10d._store_based_barrier = _virtual_bootstrap(c10d._store_based_barrier)
     _state["installed"] = True
+
+
+def _virtual_bootstrap(original):
+    """c10d's store-based barrier (init_process_group / new_group with TORCH_DIST_INIT_BARRIER=1)
+    waits for every rank of the job to add itself. Virtual ranks never run that code, so the
+    lowest sandbox rank of the group adds their count on their behalf before joining: the barrier
+    completes when the ranks that do run have arrived, and the world size stays what it is."""
+    sandbox = {int(r) for r in os.environ[ENV_SANDBOX].split(",") if r}
+
+    def barrier(rank, store, group_name, rendezvous_count, timeout, *args, **kwargs):
+        members = set(range(rendezvous_count))
+        if rendezvous_count != dist.get_world_size():   # new_group(use_local_synchronization=True)
+            try:
+                pg = next(pg for pg, name in c10d._world.pg_names.items() if name == group_name)
+                members = set(dist.get_process_group_ranks(pg))
+            except (AttributeError, StopIteration, RuntimeError):
+                pass
+        real = sandbox & members
+        if real and rank == min(real):
+            store.add(f"{c10d.STORE_BASED_BARRIER_PREFIX}:{group_name}", rendezvous_count - len(real))
+        return original(rank, store, group_name, rendezvous_count, timeout, *args, **kwargs)
+
+    return barrier

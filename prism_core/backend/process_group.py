@@ -20,6 +20,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
+from prism_core.backend.pruned import BARRIER_TAG, tree_children, tree_parent
 from prism_core.backend.reduce_ops import reduce_name
 from prism_core.trace.recorder import Recorder
 
@@ -235,7 +236,26 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else c10d.BarrierOptions()
-        return self._run("barrier", [], [], lambda: [self._inner.barrier(opts)])
+        if not self._gloo:    # collection transports settle it as one op
+            return self._run("barrier", [], [], lambda: [self._inner.barrier(opts)])
+        return self._run("barrier", [], [], self._tree_barrier)
+
+    def _tree_barrier(self) -> list:
+        """A token up the binary tree to position 0 and back down, over the group's point-to-point
+        links. Every rank of a real run does this; in an emulation a rank of interest's parent and
+        children are the only virtual ranks it talks to (neighbour pruning, paper Appendix D)."""
+        me, k = self.rank(), self.size()
+        token = torch.zeros(1, dtype=torch.uint8)
+        children = tree_children(me, k)
+        for c in children:
+            self._inner.recv([token], c, BARRIER_TAG).wait()
+        parent = tree_parent(me, k)
+        if parent is not None:
+            self._inner.send([token], parent, BARRIER_TAG).wait()
+            self._inner.recv([token], parent, BARRIER_TAG).wait()
+        for c in children:
+            self._inner.send([token], c, BARRIER_TAG).wait()
+        return []
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else c10d.ScatterOptions()

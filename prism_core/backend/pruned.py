@@ -255,3 +255,25 @@ def tree_reduce(inputs: list[torch.Tensor], root: int, op: str, sandbox: set[int
             traffic[("reduce", 0, node, up)] = _nbytes(value)
             acc[node] = value
     return acc.get(root), traffic
+
+
+BARRIER_TAG = 0x7FFF_FF00   # the point-to-point tag of the tree barrier's tokens (kept apart from programs' tags)
+
+
+def tree_parent(position: int, k: int, root: int = 0) -> int | None:
+    """The parent of `position` in `_tree(k, root)`, in O(1) (None for the root)."""
+    j = (position - root) % k
+    return None if j == 0 else (root + (j - 1) // 2) % k
+
+
+def tree_children(position: int, k: int, root: int = 0) -> list[int]:
+    j = (position - root) % k
+    return [(root + c) % k for c in (2 * j + 1, 2 * j + 2) if c < k]
+
+
+def subtree_of(position: int, k: int, root: int = 0):
+    """Positions of the subtree under `position` (itself included), level by level: ranges of j."""
+    lo = hi = (position - root) % k
+    while lo < k:
+        yield from ((root + j) % k for j in range(lo, min(hi, k - 1) + 1))
+        lo, hi = 2 * lo + 1, 2 * hi + 2

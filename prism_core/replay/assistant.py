@@ -21,6 +21,7 @@ import datetime
 import heapq
 import os
 import queue
+import resource
 import sys
 import threading
 import time
@@ -56,6 +57,25 @@ class _Local:
         self.handles: list[tuple[_Handle, int]] = []   # (handle, node) of the members so far
         self.sent = False
         self.last = 0.0
+
+
+class _Call:
+    """Work for the loop's thread, queued by a pool thread (a barrier token arrived)."""
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def _barrier_only_groups(trace, groups: set[int]) -> set[int]:
+    """Groups whose every op is a barrier: their virtual members need no gloo group but the
+    sandbox ranks' tree neighbours."""
+    from prism_core.trace.schema import COMM, OP_CODE
+
+    c = trace.columns
+    comm = c["kind"] == COMM
+    other = np.unique(c["group"][comm & (c["op"] != OP_CODE["barrier"])])
+    return set(groups) - set(other.tolist())
 
 
 DEFAULT_GROUP = "0"   # c10d names the default group "0"; later groups count up from 1
@@ -107,6 +127,10 @@ class Assistant:
         self.inputs = Inputs(cache_root, range(trace.world_size))
         self.arrivals = np.full(len(trace.columns["kind"]), np.nan)
         self.real_groups = {g for g, members in enumerate(trace.groups) if self.sandbox & set(members)}
+        self.barrier_only = _barrier_only_groups(trace, self.real_groups)
+        self._shapes: dict[int, object] = {}
+        self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
+        self.outgoing: list = []                 # barrier tokens being sent (the run ends after them)
         self.pgs: dict[tuple[int, int], object] = {}
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         # issues (one drain per gloo group at a time) and blocking p2p waits
@@ -146,7 +170,9 @@ class Assistant:
             # the name c10d gave this group where the program runs, as a sandbox member published it
             name = base_store.get(group_name_key(members, nth[g])).decode()
             store = c10d_store(base_store, name)
-            for position, rank in enumerate(members):
+            needed = self._shape(g).neighbours if g in self.barrier_only else range(len(members))
+            for position in needed:
+                rank = members[position]
                 if rank not in self.sandbox:
                     self.pgs[(rank, g)] = dist.ProcessGroupGloo(store, position, len(members), timeout)
 
@@ -226,11 +252,18 @@ class Assistant:
             while True:
                 if isinstance(h, BaseException):
                     raise h
-                self._finish(h, ready)
+                if isinstance(h, _Call):
+                    h.fn()
+                else:
+                    self._finish(h, ready)
                 try:
                     h = self.events.get_nowait()
                 except queue.Empty:
                     break
+        for future in self.outgoing:   # the last releases must reach the sandbox ranks before we leave
+            future.result(timeout=max(1.0, deadline - time.monotonic()))
+            if not self.events.empty() and isinstance(err := self.events.get_nowait(), BaseException):
+                raise err
 
     def _at(self, when: float, what) -> None:
         """Timed mode: at `when`, resume a rank (an int) or complete a handle."""
@@ -275,6 +308,9 @@ class Assistant:
         h = _Handle()
         g = int(c["group"][i])
         op = int(c["op"][i])
+        if g in self.real_groups and OPS[op] == "barrier":
+            self._issue_barrier(rank, i, g, h)
+            return h
         if g in self.real_groups and (op not in P2P_OPS or int(c["peer"][i]) in self.sandbox):
             self._issue_gloo(rank, i, h)
             return h
@@ -373,6 +409,66 @@ class Assistant:
             return True
         except RuntimeError:   # some gloo works have no future
             return False
+
+    # -- the pruned tree barrier (groups holding a sandbox rank) ------------------------------
+    def _shape(self, g: int):
+        from prism_core.replay.tree_barrier import barrier_shape
+
+        if g not in self._shapes:
+            members = self.trace.groups[g]
+            self._shapes[g] = barrier_shape(len(members), {p for p, r in enumerate(members) if r in self.sandbox})
+        return self._shapes[g]
+
+    def _issue_barrier(self, rank: int, i: int, g: int, h: _Handle) -> None:
+        """Count this virtual member in; only the sandbox ranks' tree neighbours send or receive."""
+        from prism_core.replay.tree_barrier import PrunedBarrier
+
+        members = self.trace.groups[g]
+        op_id = int(self.match.op_id[i])
+        b = self.barriers.get(op_id)
+        if b is None:
+            shape = self._shape(g)
+            def release() -> None:
+                now = time.perf_counter()
+                for p, qs in shape.from_sandbox.items():
+                    for q in qs:
+                        self._token(members[p], g, q, send=True)
+                for member in b.handles:
+                    member.when = now
+                    self.events.put(member)
+                del self.barriers[op_id]
+
+            b = self.barriers[op_id] = PrunedBarrier(
+                shape, send_up=lambda c, q: self._token(members[c], g, q, send=True), release=release)
+            for p, qs in shape.from_sandbox.items():      # the sandbox children's tokens up
+                for q in qs:
+                    self._token(members[p], g, q, send=False, then=lambda q=q, b=b: b.ready(q))
+            for c, q in shape.up_to_sandbox.items():      # the release from a sandbox parent
+                self._token(members[c], g, q, send=False, then=b.settle)
+        b.handles.append(h)
+        b.ready(members.index(rank))
+
+    def _token(self, rank: int, g: int, peer: int, send: bool, then=None) -> None:
+        """Send or receive a barrier token on virtual `rank`'s gloo group (on a pool thread: the first
+        use of a lazily connected pair blocks); `then` runs on the loop once a receive completed."""
+        import torch
+
+        from prism_core.backend.pruned import BARRIER_TAG
+
+        pg = self.pgs[(rank, g)]
+
+        def move() -> None:
+            try:
+                token = torch.zeros(1, dtype=torch.uint8)
+                (pg.send([token], peer, BARRIER_TAG) if send else pg.recv([token], peer, BARRIER_TAG)).wait()
+                if then is not None:
+                    self.events.put(_Call(then))
+            except BaseException as err:  # noqa: BLE001 - reported on the loop's thread
+                self.events.put(err)
+
+        future = self.pool.submit(move)
+        if send:
+            self.outgoing.append(future)
 
     def _member_splits(self, i: int, members: tuple[int, ...]) -> tuple[list[list[int]], int]:
         """Every member's splits of the uneven all-to-all node `i` takes part in, and the bytes of a row."""
@@ -481,7 +577,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "virtual_ranks": len(assistant.virtual), "gloo_groups": len(assistant.pgs),
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
-        "cpu_s": time.process_time() - cpu0, "timed": model is not None})
+        "cpu_s": time.process_time() - cpu0, "timed": model is not None,
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     tmp = out / f".arrivals.{os.getpid()}.npy"
     np.save(tmp, assistant.arrivals)
     os.replace(tmp, out / "arrivals.npy")

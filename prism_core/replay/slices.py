@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.backend.install import ENV_PUBLISH_GROUPS
+from prism_core.backend.install import ENV_PUBLISH_GROUPS, ENV_SANDBOX
 from prism_core.collect.context_switch import CACHE_NAME
 from prism_core.config import PrismConfig, config_to_dict
 from prism_core.launch.launcher import LaunchSpec, launch
@@ -122,7 +122,7 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     config_path = out_dir / "config.json"
     write_json_atomic(config_path, config_to_dict(cfg))
     env = {"PRISM_CONFIG": str(config_path.resolve()), ENV_INSTRUMENT: "1", ENV_MEMORY: "1", ENV_LAZY_GLOO: "1",
-           ENV_PUBLISH_GROUPS: "1"}
+           ENV_PUBLISH_GROUPS: "1", ENV_SANDBOX: ",".join(map(str, sorted(sandbox)))}
     if cfg.job.device_memory_bytes is not None:
         env[ENV_CAPACITY] = str(cfg.job.device_memory_bytes)
     graph_dir = Path(graph_dir)

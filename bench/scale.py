@@ -1,0 +1,106 @@
+"""Virtual bootstrap at scale: S=2 ranks of interest join a W-rank job and pass one barrier while the
+replay assistant stands in for the other W-2 ranks.
+
+For each W the two sandbox ranks (0 and W/2) run `bench/scripts/bootstrap_barrier.py` unmodified,
+with `TORCH_DIST_INIT_BARRIER=1` so that c10d's store-based barrier at `init_process_group` waits
+for all W ranks (the lowest sandbox rank adds the virtual ranks' count); the barrier is the prism
+backend's tree barrier, of which only the sandbox ranks' tree neighbours exist. The job's graph
+(per rank: start-up, the barrier, the end) is written for W ranks; at W=4 it is first checked
+equal, structurally, to the graph rules-mode collection records of the real script.
+
+    .venv/bin/python bench/scale.py [--worlds 64,256,1024,4096,8192,16384]
+
+Printed per W: the launch's wall time (process start to exit, both ranks and the assistant), the
+sandbox ranks' init and barrier times, the assistant's peak resident memory and gloo groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.collect.stage import collect
+from prism_core.config import config_from_dict
+from prism_core.replay.slices import run_with_assistant
+from prism_core.trace import Trace, structural_diff, write_trace
+from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "bootstrap_barrier.py"
+
+
+def barrier_graph(world: int) -> Trace:
+    """Per rank: the compute before the barrier, the world barrier (group "0", call 0), the compute after."""
+    n = 3 * world
+    columns = {name: np.zeros(n, dtype=dtype) for name, dtype in COLUMNS.items()}
+    kind = np.tile(np.array([COMPUTE, COMM, COMPUTE], dtype=np.int8), world)
+    columns["kind"] = kind
+    columns["op"][kind == COMM] = OP_CODE["barrier"]
+    columns["group"][:] = np.where(kind == COMM, 0, -1)
+    columns["peer"][:] = -1
+    columns["ref"][:] = -1
+    columns["tag"][:] = -1
+    columns["mb"][:] = -1
+    columns["chunk"][:] = -1
+    columns["seq"][kind == COMPUTE] = -1
+    columns["t_start"][:] = np.nan
+    columns["t_end"][:] = np.nan
+    return Trace(world_size=world, columns=columns, offsets=np.arange(0, n + 1, 3, dtype=np.int64),
+                 groups=[tuple(range(world))], group_names=["0"], labels=[""], dtypes=[""],
+                 step_peaks=[[] for _ in range(world)])
+
+
+def _config(world: int) -> dict:
+    return {"name": f"scale_{world}", "job": {"program": str(SCRIPT), "world_size": world, "iterations": 1,
+                                              "warmup": 0, "timeout_s": 300},
+            "emulation": {"sandbox": 2, "slots": 2, "collect_mode": "rules"}}
+
+
+def check_graph(tmp: Path) -> None:
+    collected = collect(config_from_dict(_config(4)), tmp / "collect").trace
+    diff = structural_diff(barrier_graph(4), collected)
+    if diff is not None:
+        raise SystemExit(f"the bench's graph is not the script's: {diff}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", default="64,256,1024,4096,8192,16384")
+    args = parser.parse_args()
+    os.environ["TORCH_DIST_INIT_BARRIER"] = "1"     # collection skips it; the emulation must complete it
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="prism-scale-") as tmp:
+        tmp = Path(tmp)
+        check_graph(tmp)
+        print("graph checked against rules-mode collection of the script at W=4", flush=True)
+        for world in (int(w) for w in args.worlds.split(",")):
+            graph = tmp / f"w{world}"
+            graph.mkdir()
+            write_trace(barrier_graph(world), graph / "trace.zarr")
+            sandbox = [0, world // 2]
+            out = tmp / f"run{world}"
+            start = time.perf_counter()
+            run_with_assistant(config_from_dict(_config(world)), graph, sandbox, out)
+            wall = time.perf_counter() - start
+            ranks = [json.loads((out / "logs" / f"rank_{r}.log").read_text().strip().splitlines()[-1])
+                     for r in sandbox]
+            stats = json.loads((out / "replay" / "stats.json").read_text())
+            rows.append((world, wall, max(r["init_s"] for r in ranks), max(r["barrier_s"] for r in ranks),
+                         stats["max_rss_bytes"], stats["gloo_groups"], stats["wall_s"]))
+            print(f"W={world}: {wall:.1f} s", flush=True)
+    print(f"\n{'W':>6} {'wall (s)':>9} {'init (s)':>9} {'barrier (s)':>11} {'assistant RSS':>14} "
+          f"{'gloo groups':>11} {'assistant (s)':>13}")
+    for world, wall, init, barrier, rss, groups, assistant in rows:
+        print(f"{world:>6} {wall:9.2f} {init:9.3f} {barrier:11.3f} {rss / 2**20:11.0f} MiB {groups:>11} "
+              f"{assistant:13.2f}")
+    print("wall: launch to exit of both sandbox ranks and the assistant (Python and torch start-up included); "
+          "init / barrier: inside the slower sandbox rank")
+
+
+if __name__ == "__main__":
+    main()
