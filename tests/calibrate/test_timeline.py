@@ -56,7 +56,7 @@ def wait(ref: int, span: float) -> dict:
 
 
 _DEFAULTS = dict(kind=COMPUTE, op=0, group=-1, peer=-1, bytes=0, dtype=0, seq=-1, tag=-1, async_=0, ref=-1,
-                 label=0, mb=-1, chunk=-1, step=0, reduce=0, t_start=np.nan, t_end=np.nan)
+                 label=0, mb=-1, chunk=-1, step=0, reduce=0, splits=0, t_start=np.nan, t_end=np.nan)
 
 
 def build(ranks: list[list[dict]], groups: list[tuple[int, ...]]) -> tuple[Trace, NodeModel]:
