@@ -58,7 +58,7 @@ def expand_replica(trace: Trace, topo: Topology) -> Trace:
         ids = by_set.setdefault(key, [])
         while len(ids) <= nth[source]:
             ids.append(len(groups))
-            groups.append(ranks)   # the image in the source group's order (roots are positions in it)
+            groups.append(tuple(sorted(ranks)))   # c10d's order: a member's place is its group rank
             names.append(f"dedup:{len(ids) - 1}:" + ",".join(map(str, ranks)))
         return ids[nth[source]]
 

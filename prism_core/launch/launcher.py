@@ -111,7 +111,7 @@ def _rank_env(spec: LaunchSpec, rank: int, port: int) -> dict[str, str]:
 
 
 _LIVE: set = set()   # jobs running in this process (launches may run on several threads: Dask slices)
-_LIVE_LOCK = threading.Lock()
+_LIVE_LOCK = threading.RLock()   # re-entrant: stop_all runs in a signal handler on the main thread
 
 
 def stop_all() -> None:

@@ -130,7 +130,8 @@ class Assistant:
         self.barrier_only = _barrier_only_groups(trace, self.real_groups)
         self._shapes: dict[int, object] = {}
         self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
-        self.outgoing: list = []                 # barrier tokens being sent (the run ends after them)
+        self.moves: list = []                    # barrier tokens in flight (the run ends after them)
+        self.pg_lock = threading.Lock()
         self.pgs: dict[tuple[int, int], object] = {}
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         # issues (one drain per gloo group at a time) and blocking p2p waits
@@ -147,13 +148,10 @@ class Assistant:
 
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
-        """A gloo group per virtual member of every group holding a sandbox rank (lazily connected)."""
-        import torch.distributed as dist
-
-        from prism_core.backend.install import group_name_key
+        """A gloo group per virtual member of every group holding a sandbox rank (lazily connected):
+        made now where the graph knows the group's c10d name, on first use otherwise."""
         from prism_core.trace.schema import OPS
 
-        timeout = datetime.timedelta(seconds=self.timeout_s)
         c = self.trace.columns
         wanted: dict[int, list[str]] = {}
         for r in self.virtual:
@@ -164,17 +162,41 @@ class Assistant:
                     holder, key = self._cached_as(r, int(i))
                     wanted.setdefault(holder, []).append(key)
         self.inputs.preload(wanted)
-        nth = _nth_of_rank_set(self.trace)
+        self._base_store, self._nth = base_store, _nth_of_rank_set(self.trace)
         for g in sorted(self.real_groups):
-            members = self.trace.groups[g]
-            # the name c10d gave this group where the program runs, as a sandbox member published it
-            name = base_store.get(group_name_key(members, nth[g])).decode()
-            store = c10d_store(base_store, name)
-            needed = self._shape(g).neighbours if g in self.barrier_only else range(len(members))
-            for position in needed:
-                rank = members[position]
-                if rank not in self.sandbox:
-                    self.pgs[(rank, g)] = dist.ProcessGroupGloo(store, position, len(members), timeout)
+            if self._named(g):     # the graph has c10d's name: make the gloo groups now
+                for rank in self._virtual_members(g):
+                    self._pg(rank, g)
+
+    def _named(self, g: int) -> bool:
+        """The graph records the group's c10d name (it was collected, not made by DP expansion)."""
+        return not self.trace.group_names[g].startswith("dedup:")
+
+    def _virtual_members(self, g: int) -> list[int]:
+        members = self.trace.groups[g]
+        needed = self._shape(g).neighbours if g in self.barrier_only else range(len(members))
+        return [members[p] for p in needed if members[p] not in self.sandbox]
+
+    def _pg(self, rank: int, g: int):
+        """Virtual `rank`'s gloo group for group `g`, made on first use. A DP-expanded group's c10d
+        name comes from a sandbox member, which publishes it when the program creates the group:
+        that wait happens on a pool thread (see `_issue_gloo`), never on the loop."""
+        import torch.distributed as dist
+
+        from prism_core.backend.install import group_name_key
+
+        pg = self.pgs.get((rank, g))
+        if pg is None:
+            with self.pg_lock:
+                pg = self.pgs.get((rank, g))
+                if pg is None:
+                    members = self.trace.groups[g]
+                    name = self.trace.group_names[g] if self._named(g) else \
+                        self._base_store.get(group_name_key(members, self._nth[g])).decode()
+                    pg = dist.ProcessGroupGloo(c10d_store(self._base_store, name), members.index(rank), len(members),
+                                               datetime.timedelta(seconds=self.timeout_s))
+                    self.pgs[(rank, g)] = pg
+        return pg
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -260,10 +282,13 @@ class Assistant:
                     h = self.events.get_nowait()
                 except queue.Empty:
                     break
-        for future in self.outgoing:   # the last releases must reach the sandbox ranks before we leave
+        # every token move ends before we leave: the last releases must reach the sandbox ranks, and
+        # a sandbox rank's last token to a virtual child must find its receiver still there
+        for future in self.moves:
             future.result(timeout=max(1.0, deadline - time.monotonic()))
-            if not self.events.empty() and isinstance(err := self.events.get_nowait(), BaseException):
-                raise err
+        while not self.events.empty():
+            if isinstance(event := self.events.get_nowait(), BaseException):
+                raise event
 
     def _at(self, when: float, what) -> None:
         """Timed mode: at `when`, resume a rank (an int) or complete a handle."""
@@ -372,11 +397,11 @@ class Assistant:
         pending = self.pending.setdefault(pg_key, deque())
         with self.lock:
             busy = bool(pending)
-            if busy or kind in ("send", "recv"):
+            if busy or kind in ("send", "recv") or pg_key not in self.pgs:
                 pending.append((i, spec, tensors, h))
         if busy:
             return                                   # the group's drain issues it in turn
-        if kind in ("send", "recv"):
+        if kind in ("send", "recv") or pg_key not in self.pgs:
             self.pool.submit(self._drain, pg_key)
         else:
             self._issue_now(pg_key, i, spec, tensors, h)
@@ -385,7 +410,7 @@ class Assistant:
         from prism_core.replay.virtual_ops import issue
 
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
-        works, keep = issue(self.pgs[pg_key], spec, tensors)
+        works, keep = issue(self._pg(*pg_key), spec, tensors)
         h.keep = (works, keep)
         if spec.kind in ("send", "recv") or len(works) != 1 or not self._on_future(works[0], h):
             self.pool.submit(self._wait, works, h)
@@ -455,10 +480,9 @@ class Assistant:
 
         from prism_core.backend.pruned import BARRIER_TAG
 
-        pg = self.pgs[(rank, g)]
-
         def move() -> None:
             try:
+                pg = self._pg(rank, g)
                 token = torch.zeros(1, dtype=torch.uint8)
                 (pg.send([token], peer, BARRIER_TAG) if send else pg.recv([token], peer, BARRIER_TAG)).wait()
                 if then is not None:
@@ -466,9 +490,7 @@ class Assistant:
             except BaseException as err:  # noqa: BLE001 - reported on the loop's thread
                 self.events.put(err)
 
-        future = self.pool.submit(move)
-        if send:
-            self.outgoing.append(future)
+        self.moves.append(self.pool.submit(move))
 
     def _member_splits(self, i: int, members: tuple[int, ...]) -> tuple[list[list[int]], int]:
         """Every member's splits of the uneven all-to-all node `i` takes part in, and the bytes of a row."""

@@ -4,13 +4,20 @@ full tree moves on each sandbox rank's links."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prism_core.backend.pruned import _tree, subtree_of, tree_children, tree_parent
+from prism_core.collect.stage import collect
+from prism_core.config import config_from_dict
+from prism_core.replay.slices import run_with_assistant
 from prism_core.replay.tree_barrier import PrunedBarrier, barrier_shape
+
+from tests.jobs import assert_no_rank_processes
 
 
 @given(st.integers(1, 200), st.data())
@@ -108,3 +115,27 @@ def test_pruned_barrier_releases_after_all_and_moves_the_full_trees_tokens(k, da
     assert all(a in sandbox or b in sandbox for a, b, _ in sent)
     assert shape.neighbours == {p for q in sandbox for p in [tree_parent(q, k), *tree_children(q, k)]
                                 if p is not None and p not in sandbox}
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "bootstrap_barrier.py"
+
+
+def test_sandbox_ranks_pass_a_barrier_with_only_their_tree_neighbours(tmp_path, monkeypatch):
+    # W=6, TORCH_DIST_INIT_BARRIER=1: c10d's store barrier at init waits for all 6 ranks, the tree
+    # barrier needs the neighbours. Sandbox {1}: virtual root 0 releases, virtual child 3 and 4
+    # take rank 1's release token (the assistant must stay until they have it). Sandbox {0, 5}:
+    # the root is real, and rank 5 hangs under virtual rank 2.
+    monkeypatch.setenv("TORCH_DIST_INIT_BARRIER", "1")
+    cfg = config_from_dict({"name": "barrier", "job": {"program": str(SCRIPT), "world_size": 6, "iterations": 1,
+                                                       "warmup": 0, "timeout_s": 120},
+                            "emulation": {"collect_mode": "rules", "sandbox": 2}})
+    graph = collect(cfg, tmp_path / "collect")
+    for sandbox, neighbours in (([1], {0, 3, 4}), ([0, 5], {1, 2})):
+        out = tmp_path / "-".join(map(str, sandbox))
+        run_with_assistant(cfg, graph.directory, sandbox, out)
+        stats = json.loads((out / "replay" / "stats.json").read_text())
+        assert stats["gloo_groups"] == len(neighbours) and stats["virtual_ranks"] == 6 - len(sandbox)
+        for r in sandbox:
+            line = json.loads((out / "logs" / f"rank_{r}.log").read_text().strip().splitlines()[-1])
+            assert line["world_size"] == 6
+    assert_no_rank_processes()
