@@ -21,6 +21,7 @@ from prism_core.collect.rules import OpView, answer, check_answer, load_rules
 ENV_RULES = "PRISM_RULES"           # comma-separated module:function names (the config's, then the workload's)
 ENV_USER_RULES = "PRISM_USER_RULES"  # how many of them come first, ahead of the cache
 ENV_CACHE_OUT = "PRISM_CACHE_OUT"    # tensors.zarr that receives each collected rank's communication inputs
+KEEP_BYTES = 1 << 30                 # per collected rank, at most
 
 
 class LocalWork(dist.Work):
@@ -43,6 +44,7 @@ class LocalWork(dist.Work):
 class RulesTransport:
     _rules = None
     _writer = None   # this rank's TensorCacheWriter: what it sent, for the replay of virtual ranks
+    _kept = 0        # bytes it holds
 
     @classmethod
     def rules(cls):
@@ -69,9 +71,16 @@ class RulesTransport:
             cls._writer = None
 
     def _keep(self, key: str, inputs, splits: list[int] | None = None) -> None:
-        """What this rank sent in the op, under the key context switching uses (rebuilt by replay)."""
+        """What this rank sent in the op, under the key context switching uses (rebuilt by replay).
+
+        Held in memory until the rank ends, up to KEEP_BYTES: past that, replay sends zeros of the
+        recorded size for the rest (sizes stay exact; the graph records them)."""
         if self._writer is None:
             return
+        size = sum(t.numel() * t.element_size() for t in inputs)
+        if RulesTransport._kept + size > KEEP_BYTES:
+            return
+        RulesTransport._kept += size
         for j, t in enumerate(inputs):
             self._writer.put(f"{key}/{j}", t.detach())
         if splits:

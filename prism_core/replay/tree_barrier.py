@@ -26,10 +26,6 @@ class BarrierShape:
     counts: dict[int, int]                   # relevant virtual node -> items in its subtree
 
     @property
-    def root_virtual(self) -> bool:
-        return 0 not in self.sandbox
-
-    @property
     def neighbours(self) -> set[int]:
         return set(self.up_to_sandbox) | set(self.from_sandbox)
 

@@ -193,8 +193,6 @@ def issue(pg: dist.ProcessGroup, op: OpSpec, prepared: Prepared) -> tuple[list, 
         outs = [torch.empty(shape if shape is not None else chunks[g].shape, dtype=chunks[g].dtype)
                 for g, shape in enumerate(prepared.shapes)]
         return [pg.alltoall(outs, chunks, c10d.AllToAllOptions())], [chunks, outs]
-    if k == "barrier":
-        return [pg.barrier(c10d.BarrierOptions())], []
     if k == "scatter":
         o = c10d.ScatterOptions()
         o.rootRank = op.root
