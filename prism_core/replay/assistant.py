@@ -131,7 +131,6 @@ class Assistant:
         self._shapes: dict[int, object] = {}
         self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
         self.moves: list = []                    # barrier tokens in flight (the run ends after them)
-        self.pg_lock = threading.Lock()
         self.pgs: dict[tuple[int, int], object] = {}
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         # issues (one drain per gloo group at a time) and blocking p2p waits
@@ -149,7 +148,7 @@ class Assistant:
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
         """A gloo group per virtual member of every group holding a sandbox rank (lazily connected):
-        made now where the graph knows the group's c10d name, on first use otherwise."""
+        the graph's c10d names, or those the sandbox ranks publish for DP-expanded groups."""
         from prism_core.trace.schema import OPS
 
         c = self.trace.columns
@@ -162,11 +161,23 @@ class Assistant:
                     holder, key = self._cached_as(r, int(i))
                     wanted.setdefault(holder, []).append(key)
         self.inputs.preload(wanted)
-        self._base_store, self._nth = base_store, _nth_of_rank_set(self.trace)
-        for g in sorted(self.real_groups):
-            if self._named(g):     # the graph has c10d's name: make the gloo groups now
-                for rank in self._virtual_members(g):
-                    self._pg(rank, g)
+        import torch.distributed as dist
+
+        from prism_core.backend.install import group_name_key
+
+        nth = _nth_of_rank_set(self.trace)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        # the graph's names first: they need no wait; a DP-expanded group's c10d name comes from a
+        # sandbox member, published when the program creates the group
+        for g in sorted(self.real_groups, key=lambda g: not self._named(g)):
+            members = self.trace.groups[g]
+            name = self.trace.group_names[g] if self._named(g) else \
+                base_store.get(group_name_key(members, nth[g])).decode()
+            store = c10d_store(base_store, name)
+            for rank in self._virtual_members(g):
+                # made before the replay starts: made later, beside live gloo traffic, a lazily
+                # initialised ProcessGroupGloo was seen to block in its constructor
+                self.pgs[(rank, g)] = dist.ProcessGroupGloo(store, members.index(rank), len(members), timeout)
 
     def _named(self, g: int) -> bool:
         """The graph records the group's c10d name (it was collected, not made by DP expansion)."""
@@ -176,27 +187,6 @@ class Assistant:
         members = self.trace.groups[g]
         needed = self._shape(g).neighbours if g in self.barrier_only else range(len(members))
         return [members[p] for p in needed if members[p] not in self.sandbox]
-
-    def _pg(self, rank: int, g: int):
-        """Virtual `rank`'s gloo group for group `g`, made on first use. A DP-expanded group's c10d
-        name comes from a sandbox member, which publishes it when the program creates the group:
-        that wait happens on a pool thread (see `_issue_gloo`), never on the loop."""
-        import torch.distributed as dist
-
-        from prism_core.backend.install import group_name_key
-
-        pg = self.pgs.get((rank, g))
-        if pg is None:
-            with self.pg_lock:
-                pg = self.pgs.get((rank, g))
-                if pg is None:
-                    members = self.trace.groups[g]
-                    name = self.trace.group_names[g] if self._named(g) else \
-                        self._base_store.get(group_name_key(members, self._nth[g])).decode()
-                    pg = dist.ProcessGroupGloo(c10d_store(self._base_store, name), members.index(rank), len(members),
-                                               datetime.timedelta(seconds=self.timeout_s))
-                    self.pgs[(rank, g)] = pg
-        return pg
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -397,11 +387,11 @@ class Assistant:
         pending = self.pending.setdefault(pg_key, deque())
         with self.lock:
             busy = bool(pending)
-            if busy or kind in ("send", "recv") or pg_key not in self.pgs:
+            if busy or kind in ("send", "recv"):
                 pending.append((i, spec, tensors, h))
         if busy:
             return                                   # the group's drain issues it in turn
-        if kind in ("send", "recv") or pg_key not in self.pgs:
+        if kind in ("send", "recv"):
             self.pool.submit(self._drain, pg_key)
         else:
             self._issue_now(pg_key, i, spec, tensors, h)
@@ -410,7 +400,7 @@ class Assistant:
         from prism_core.replay.virtual_ops import issue
 
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
-        works, keep = issue(self._pg(*pg_key), spec, tensors)
+        works, keep = issue(self.pgs[pg_key], spec, tensors)
         h.keep = (works, keep)
         if spec.kind in ("send", "recv") or len(works) != 1 or not self._on_future(works[0], h):
             self.pool.submit(self._wait, works, h)
@@ -482,7 +472,7 @@ class Assistant:
 
         def move() -> None:
             try:
-                pg = self._pg(rank, g)
+                pg = self.pgs[(rank, g)]
                 token = torch.zeros(1, dtype=torch.uint8)
                 (pg.send([token], peer, BARRIER_TAG) if send else pg.recv([token], peer, BARRIER_TAG)).wait()
                 if then is not None:

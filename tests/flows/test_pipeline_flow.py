@@ -49,3 +49,17 @@ def test_a_failing_rank_fails_the_run_with_its_error(prefect_server, tmp_path, m
         run_flow(str(config), ["emulation.sandbox=1"], str(tmp_path / "run"), root=str(stages))
     assert_nothing_left(tmp_path, script)
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_demo_runs_end_to_end_with_a_rank_of_another_replica(prefect_server, tmp_path):
+    # what `make demo` runs: 64 ranks, rules-mode graph with DP expansion; rank 63 sits in the
+    # last DP replica, so its expanded groups' names come from the sandbox
+    config = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    doc = run_pipeline(str(config), [], str(tmp_path / "run"), None, root=str(tmp_path / "stages"))
+    assert doc["mode"] == "emulated" and set(doc["ranks"]) == {"0", "63"}
+    assert all(m["iteration_time_s"] > 0 and m["peak_memory_bytes"] > 0 for m in doc["ranks"].values())
+    assert doc["emulation"]["virtual_ranks"] == 62
+    assert (tmp_path / "run" / REPORT).is_file()
+    assert_no_rank_processes()
