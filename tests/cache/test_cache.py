@@ -99,12 +99,16 @@ def test_rewriting_a_rank_replaces_it(store: Path):
     assert sorted(p.name for p in (store / "ranks").iterdir()) == ["0", "zarr.json"]
 
 
+def _flip_a_byte(store: Path, entry: int) -> None:
+    """Corrupt one byte of rank 0's entry number `entry`, rewriting it through zarr (codecs stay valid)."""
+    g = zarr.open_group(str(store / "ranks" / "0"), mode="r+")
+    off = int(g["offsets"][entry]) + 3
+    g["data"][off:off + 1] = g["data"][off:off + 1] ^ 0xFF
+
+
 def test_corrupted_bytes_rewritten_through_zarr_fail_checksum(store: Path):
     want = write_rank(store, 0)
-    g = zarr.open_group(str(store / "ranks" / "0"), mode="r+")
-    i = list(want).index("r0/i64")
-    off = int(g["offsets"][i]) + 3
-    g["data"][off:off + 1] = g["data"][off:off + 1] ^ 0xFF
+    _flip_a_byte(store, list(want).index("r0/i64"))
     with TensorCacheReader(store, 0) as r:
         with pytest.raises(CacheError, match=r"cache tensor r0/i64 of rank 0 fails its checksum"):
             r.get("r0/i64")
@@ -122,10 +126,7 @@ def test_get_many_equals_get_and_checks_each_tensor(store: Path):
         for key, tensor in want.items():
             assert_same(many[key], tensor)
         assert r.get_many([]) == {}
-    g = zarr.open_group(str(store / "ranks" / "0"), mode="r+")
-    i = list(want).index("r0/i64")
-    off = int(g["offsets"][i]) + 3
-    g["data"][off:off + 1] = g["data"][off:off + 1] ^ 0xFF
+    _flip_a_byte(store, list(want).index("r0/i64"))
     with TensorCacheReader(store, 0) as r:
         with pytest.raises(CacheError, match=r"cache tensor r0/i64 of rank 0 fails its checksum"):
             r.get_many(list(want))
