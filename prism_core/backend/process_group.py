@@ -20,7 +20,8 @@ import torch
 import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
-from prism_core.backend.pruned import BARRIER_TAG, tree_children, tree_parent
+from prism_core.backend.pruned import BARRIER_TAG, ring_eligible, tree_children, tree_parent
+from prism_core.backend.ring import RingRunner
 from prism_core.backend.reduce_ops import reduce_name
 from prism_core.trace.recorder import Recorder
 
@@ -127,6 +128,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         self._name = group_id
         self._desc = "undefined"
         self._recorder = recorder
+        self._ring: RingRunner | None = None
 
     # -- identity (c10d requires these from a Python ProcessGroup) -----------------------------
     def getBackendName(self) -> str:
@@ -177,8 +179,20 @@ class PrismProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else c10d.AllreduceOptions()
         if opts.reduceOp == dist.ReduceOp.PREMUL_SUM:
             raise _unsupported("allreduce with ReduceOp.PREMUL_SUM", "gloo cannot run it; scale before a SUM")
-        return self._run("allreduce", tensors, tensors, lambda: [self._inner.allreduce(tensors, opts)],
+        return self._run("allreduce", tensors, tensors, lambda: [self._allreduce(tensors, opts)],
                          reduce=opts.reduceOp)
+
+    def _allreduce(self, tensors, opts):
+        """The ring over point-to-point links where it applies (`pruned.ring_eligible`; real runs
+        only, collection transports settle the op whole), else gloo's algorithm."""
+        t = tensors[0]
+        op = reduce_name(opts.reduceOp)
+        if (not self._gloo or len(tensors) != 1 or t.is_sparse or
+                not ring_eligible(op, t.numel(), self.size(), str(t.dtype).removeprefix("torch."))):
+            return self._inner.allreduce(tensors, opts)
+        if self._ring is None:
+            self._ring = RingRunner(self._name)
+        return self._ring.submit(self._inner, tensors, self.rank(), self.size(), op)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()

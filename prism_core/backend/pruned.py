@@ -10,13 +10,14 @@ chunk c ends complete on its owner (c - 1) mod K. In all-gather step s, rank i s
 (i + 1 - s) mod K on to rank i+1.
 
 Pruned: only the sandbox ranks and their ring neighbours exist. A virtual left neighbour v of
-a sandbox rank sends, for a chunk whose remaining path v+1 .. owner is all sandbox, the
-compensated partial: the full-scale result less the contributions the sandbox ranks on that path
-will still add (for max and min, which are idempotent, the full-scale result itself); any
-other chunk may carry any value (it reaches no sandbox output). In all-gather it sends the
-full-scale chunk. The full-scale values come from the tensor cache (here: `full`, the reduced
-result, and `contrib`, the sandbox ranks' own inputs). Every sandbox rank then holds exactly
-the full-scale result and sends and receives the same bytes at every step as in the full ring.
+a sandbox rank sends, for a chunk whose remaining path v+1 .. owner is all sandbox, the partial
+the full ring would carry there, folded in ring order from the tensor cache's values of the
+pruned ranks; any other chunk may carry any value (it reaches no sandbox output). In all-gather
+it sends the complete chunk. Appendix D compensates (full-scale result less the contributions
+still to come), which is exact for integer-valued data; folding in the ring's order is exact for
+any floats, because every sandbox rank then adds the same numbers in the same order as in the
+full ring. Every sandbox rank holds the full ring's result to the bit and sends and receives
+the same bytes at every step.
 
 Trees (broadcast, reduce) use a binary tree over group positions rooted at the root: a pruned
 tree keeps the sandbox ranks, their parents and their children; a virtual parent sends the
@@ -97,41 +98,73 @@ def ring_members(k: int, sandbox: set[int]) -> set[int]:
     return set(sandbox) | {(i - 1) % k for i in sandbox} | {(i + 1) % k for i in sandbox}
 
 
-def ring_allreduce_pruned(k: int, sandbox: set[int], sandbox_inputs: dict[int, torch.Tensor], full: torch.Tensor,
-                          op: str) -> tuple[dict[int, torch.Tensor], Traffic]:
+def ring_eligible(reduce: str, numel: int, k: int, dtype: str) -> bool:
+    """Whether the backend runs an all-reduce as the ring (else gloo's own algorithm). The backend
+    and the assistant decide from the same facts, all in the graph: the reduce op, the element
+    count (every chunk holds at least one element), the group size and the dtype's name."""
+    return k > 1 and reduce in REDUCE_OPS and numel >= k and dtype != "bool" and not dtype.startswith("complex")
+
+
+def fold(inputs: list[torch.Tensor | None], first: int, last: int, a: int, b: int, op: str) -> torch.Tensor:
+    """Elements a:b of positions first, first+1, ..., last (mod k) combined in the ring's order: the
+    partial the full ring holds there, bit for bit (each step adds the receiver's own share)."""
+    k = len(inputs)
+    value = _slice(inputs[first], a, b).clone()
+    r = first
+    while r != last:
+        r = (r + 1) % k
+        value = _combine(value, _slice(inputs[r], a, b), op)
+    return value
+
+
+def _slice(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    return t.reshape(-1)[a:b]
+
+
+def boundary_sends(inputs: list[torch.Tensor], v: int, sandbox: set[int], op: str
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """What virtual position `v`, the left neighbour of a sandbox rank, sends at each reduce-scatter
+    and all-gather step of the pruned ring, from every position's cached input.
+
+    Reduce-scatter step s carries chunk (v - s): when every rank after v up to the chunk's owner
+    is a sandbox rank, the partial the full ring would carry (so the sandbox ranks end with the
+    full ring's bits, not only its value); otherwise zeros, as the chunk reaches no sandbox
+    output. All-gather step s carries the complete chunk (v + 1 - s).
+    """
+    k = len(inputs)
+    bounds = chunk_bounds(inputs[0].numel(), k)
+    rs, ag = [], []
+    for s in range(k - 1):
+        c = (v - s) % k
+        a, b = bounds[c]
+        owner = (c - 1) % k
+        path, r = [], v
+        while r != owner:
+            r = (r + 1) % k
+            path.append(r)
+        rs.append(fold(inputs, c, v, a, b, op) if all(p in sandbox for p in path)
+                  else torch.zeros(b - a, dtype=inputs[0].dtype))
+    for s in range(k - 1):
+        c = (v + 1 - s) % k
+        a, b = bounds[c]
+        ag.append(fold(inputs, c, (c - 1) % k, a, b, op))
+    return rs, ag
+
+
+def ring_allreduce_pruned(k: int, sandbox: set[int], inputs: list[torch.Tensor], op: str
+                          ) -> tuple[dict[int, torch.Tensor], Traffic]:
     """The pruned ring: the sandbox ranks' outputs and the traffic among the ranks that exist.
 
-    `sandbox_inputs[i]`: each sandbox rank's real input; `full`: the full-scale result, which the
-    virtual neighbours know from the tensor cache (as they know the sandbox ranks' inputs).
+    `inputs[i]`: every position's input; the sandbox ranks use their own, their virtual left
+    neighbours what `boundary_sends` builds from the others (the tensor cache, in a replay).
     """
     if not sandbox:
         return {}, {}
-    bounds = chunk_bounds(full.numel(), k)
-    full_flat = full.reshape(-1)
-    own = {i: sandbox_inputs[i].reshape(-1) for i in sandbox}
+    bounds = chunk_bounds(inputs[0].numel(), k)
+    own = {i: inputs[i].reshape(-1) for i in sandbox}
     members = ring_members(k, sandbox)
-
-    def owner(c: int) -> int:
-        return (c - 1) % k
-
-    def compensated(v: int, c: int) -> torch.Tensor:
-        """What virtual rank v sends of chunk c in reduce-scatter."""
-        a, b = bounds[c]
-        path = []
-        r = (v + 1) % k
-        while True:
-            path.append(r)
-            if r == owner(c):
-                break
-            r = (r + 1) % k
-        if any(p not in sandbox for p in path):
-            return torch.zeros(b - a, dtype=full.dtype)    # reaches no sandbox output: any value
-        value = full_flat[a:b].clone()
-        if op == "sum":
-            for p in path:
-                value -= own[p][a:b]
-        return value
-
+    virtual_sends = {i: boundary_sends(inputs, i, sandbox, op) for i in members
+                     if i not in sandbox and (i + 1) % k in sandbox}
     partial = {i: {c: own[i][a:b].clone() for c, (a, b) in enumerate(bounds)} for i in sandbox}
     traffic: Traffic = {}
     for s in range(k - 1):
@@ -141,7 +174,7 @@ def ring_allreduce_pruned(k: int, sandbox: set[int], sandbox_inputs: dict[int, t
             if dst not in members or (i not in sandbox and dst not in sandbox):
                 continue          # only links that touch a sandbox rank carry data
             c = (i - s) % k
-            sends.append((i, dst, c, partial[i][c].clone() if i in sandbox else compensated(i, c)))
+            sends.append((i, dst, c, partial[i][c].clone() if i in sandbox else virtual_sends[i][0][s]))
         for i, dst, c, value in sends:
             traffic[("reduce_scatter", s, i, dst)] = _nbytes(value)
             if dst in sandbox:
@@ -155,17 +188,12 @@ def ring_allreduce_pruned(k: int, sandbox: set[int], sandbox_inputs: dict[int, t
             if dst not in members or (i not in sandbox and dst not in sandbox):
                 continue
             c = (i + 1 - s) % k
-            if i in sandbox:
-                value = done[i][c]
-            else:
-                a, b = bounds[c]
-                value = full_flat[a:b].clone()
-            sends.append((i, dst, c, value))
+            sends.append((i, dst, c, done[i][c] if i in sandbox else virtual_sends[i][1][s]))
         for i, dst, c, value in sends:
             traffic[("all_gather", s, i, dst)] = _nbytes(value)
             if dst in sandbox:
                 done[dst][c] = value.clone()
-    outputs = {i: torch.cat([done[i][c] for c in range(k)]).reshape(full.shape) for i in sandbox}
+    outputs = {i: torch.cat([done[i][c] for c in range(k)]).reshape(inputs[0].shape) for i in sandbox}
     return outputs, traffic
 
 
@@ -258,6 +286,7 @@ def tree_reduce(inputs: list[torch.Tensor], root: int, op: str, sandbox: set[int
 
 
 BARRIER_TAG = 0x7FFF_FF00   # the point-to-point tag of the tree barrier's tokens (kept apart from programs' tags)
+RING_TAG = 0x7FFF_FF01      # and of the ring all-reduce's chunks
 
 
 def tree_parent(position: int, k: int, root: int = 0) -> int | None:

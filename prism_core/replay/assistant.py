@@ -59,6 +59,17 @@ class _Local:
         self.last = 0.0
 
 
+class _RingOp:
+    """One ring all-reduce of a group holding a sandbox rank: its virtual members' handles, the
+    node each is at, and the neighbour parts still running."""
+    __slots__ = ("handles", "nodes", "parts")
+
+    def __init__(self):
+        self.handles: list[_Handle] = []
+        self.nodes: dict[int, int] = {}
+        self.parts = 0
+
+
 class _Call:
     """Work for the loop's thread, queued by a pool thread (a barrier token arrived)."""
     __slots__ = ("fn",)
@@ -67,15 +78,48 @@ class _Call:
         self.fn = fn
 
 
-def _barrier_only_groups(trace, groups: set[int]) -> set[int]:
-    """Groups whose every op is a barrier: their virtual members need no gloo group but the
-    sandbox ranks' tree neighbours."""
+def ring_nodes(trace) -> np.ndarray:
+    """Per node: an all-reduce the backend runs as its ring (`pruned.ring_eligible`, decided from
+    the graph as the backend decides it from the tensor)."""
+    from prism_core.backend.pruned import ring_eligible
+    from prism_core.trace.schema import COMM, OP_CODE, REDUCE_OPS
+
+    c = trace.columns
+    mask = np.zeros(len(c["kind"]), dtype=bool)
+    idx = np.nonzero((c["kind"] == COMM) & (c["op"] == OP_CODE["allreduce"]))[0]
+    if not len(idx):
+        return mask
+    keys = np.stack([c["reduce"][idx].astype(np.int64), c["dtype"][idx].astype(np.int64),
+                     c["group"][idx].astype(np.int64), c["bytes"][idx].astype(np.int64)], axis=1)
+    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    ok = np.zeros(len(unique), dtype=bool)
+    for n, (reduce, dtype, g, nbytes) in enumerate(unique.tolist()):
+        name = trace.dtypes[dtype] or "float32"
+        size = torch_element_size(name)
+        ok[n] = ring_eligible(REDUCE_OPS[reduce], nbytes // size, len(trace.groups[g]), name)
+    mask[idx] = ok[inverse.reshape(-1)]
+    return mask
+
+
+def torch_element_size(dtype_name: str) -> int:
+    import torch
+
+    return torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+
+
+def _prunable_groups(trace, groups: set[int], ring: np.ndarray) -> tuple[set[int], set[int], set[int]]:
+    """Groups whose every op is a barrier or a ring all-reduce: their virtual members need no gloo
+    group but the sandbox ranks' tree and ring neighbours. Also: the groups with a barrier, and
+    the groups with a ring all-reduce."""
     from prism_core.trace.schema import COMM, OP_CODE
 
     c = trace.columns
     comm = c["kind"] == COMM
-    other = np.unique(c["group"][comm & (c["op"] != OP_CODE["barrier"])])
-    return set(groups) - set(other.tolist())
+    barrier = comm & (c["op"] == OP_CODE["barrier"])
+    other = np.unique(c["group"][comm & ~barrier & ~ring])
+    with_barrier = set(np.unique(c["group"][barrier]).tolist()) & groups
+    with_ring = set(np.unique(c["group"][ring]).tolist()) & groups
+    return set(groups) - set(other.tolist()), with_barrier, with_ring
 
 
 DEFAULT_GROUP = "0"   # c10d names the default group "0"; later groups count up from 1
@@ -127,7 +171,9 @@ class Assistant:
         self.inputs = Inputs(cache_root, range(trace.world_size))
         self.arrivals = np.full(len(trace.columns["kind"]), np.nan)
         self.real_groups = {g for g, members in enumerate(trace.groups) if self.sandbox & set(members)}
-        self.barrier_only = _barrier_only_groups(trace, self.real_groups)
+        self.ring = ring_nodes(trace)
+        self.prunable, self.with_barrier, self.with_ring = _prunable_groups(trace, self.real_groups, self.ring)
+        self.rings: dict[int, _RingOp] = {}      # op id -> ring all-reduce in progress
         self._shapes: dict[int, object] = {}
         self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
         self.moves: list = []                    # barrier tokens in flight (the run ends after them)
@@ -160,6 +206,11 @@ class Assistant:
                 if OPS[c["op"][i]] != "recv":
                     holder, key = self._cached_as(r, int(i))
                     wanted.setdefault(holder, []).append(key)
+        for r in self.sandbox:          # ring neighbours fold every member's input, theirs too
+            s = self.trace.rank_slice(r)
+            for i in s.start + np.nonzero(self.ring[s])[0]:
+                holder, key = self._cached_as(r, int(i))
+                wanted.setdefault(holder, []).append(key)
         self.inputs.preload(wanted)
         import torch.distributed as dist
 
@@ -185,8 +236,23 @@ class Assistant:
 
     def _virtual_members(self, g: int) -> list[int]:
         members = self.trace.groups[g]
-        needed = self._shape(g).neighbours if g in self.barrier_only else range(len(members))
-        return [members[p] for p in needed if members[p] not in self.sandbox]
+        if g not in self.prunable:
+            needed = range(len(members))
+        else:
+            needed = set()
+            if g in self.with_barrier:
+                needed |= self._shape(g).neighbours
+            if g in self.with_ring:
+                needed |= self._ring_neighbours(g)
+        return [members[p] for p in sorted(needed) if members[p] not in self.sandbox]
+
+    def _sandbox_positions(self, g: int) -> frozenset[int]:
+        return frozenset(p for p, r in enumerate(self.trace.groups[g]) if r in self.sandbox)
+
+    def _ring_neighbours(self, g: int) -> set[int]:
+        from prism_core.replay.ring import ring_neighbours
+
+        return ring_neighbours(len(self.trace.groups[g]), set(self._sandbox_positions(g)))
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -326,6 +392,9 @@ class Assistant:
         if g in self.real_groups and OPS[op] == "barrier":
             self._issue_barrier(rank, i, g, h)
             return h
+        if g in self.real_groups and self.ring[i]:
+            self._issue_ring(rank, i, g, h)
+            return h
         if g in self.real_groups and (op not in P2P_OPS or int(c["peer"][i]) in self.sandbox):
             self._issue_gloo(rank, i, h)
             return h
@@ -396,10 +465,15 @@ class Assistant:
         else:
             self._issue_now(pg_key, i, spec, tensors, h)
 
-    def _issue_now(self, pg_key: tuple[int, int], i: int, spec, tensors, h: _Handle) -> None:
+    def _issue_now(self, pg_key: tuple[int, int], i: int, spec, tensors, h) -> None:
+        from prism_core.replay.ring import RingPart
         from prism_core.replay.virtual_ops import issue
 
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
+        if isinstance(spec, RingPart):            # h: the _RingOp
+            works, keep = spec.run(self.pgs[pg_key])
+            self.pool.submit(self._wait_then, works, keep, h)
+            return
         works, keep = issue(self.pgs[pg_key], spec, tensors)
         h.keep = (works, keep)
         if spec.kind in ("send", "recv") or len(works) != 1 or not self._on_future(works[0], h):
@@ -424,6 +498,82 @@ class Assistant:
             return True
         except RuntimeError:   # some gloo works have no future
             return False
+
+    # -- the pruned ring all-reduce (groups holding a sandbox rank) ----------------------------
+    def _issue_ring(self, rank: int, i: int, g: int, h: _Handle) -> None:
+        """Count this virtual member in; once all are, the sandbox ranks' ring neighbours play their
+        part (`replay.ring`); every virtual member completes when those parts are done."""
+        import torch
+
+        from prism_core.replay.ring import RingPart
+        from prism_core.trace.schema import REDUCE_OPS
+
+        op_id = int(self.match.op_id[i])
+        ring = self.rings.get(op_id)
+        if ring is None:
+            ring = self.rings[op_id] = _RingOp()
+        ring.handles.append(h)
+        ring.nodes[rank] = i
+        members = self.trace.groups[g]
+        if len(ring.handles) < len(members) - len(self._sandbox_positions(g)):
+            return
+        del self.rings[op_id]
+        sandbox = self._sandbox_positions(g)
+        parts = sorted(self._ring_neighbours(g))
+        ring.parts = len(parts)
+        if not parts:
+            self._ring_done(ring)
+            return
+        c = self.trace.columns
+        dtype = self.trace.dtypes[c["dtype"][i]] or "float32"
+        numel = int(c["bytes"][i]) // torch_element_size(dtype)
+        op = REDUCE_OPS[c["reduce"][i]]
+        for p in parts:
+            rank_p = members[p]
+            part = RingPart(me=p, k=len(members), sandbox=sandbox, op=op, numel=numel, dtype=getattr(torch, dtype),
+                            load=lambda i=ring.nodes[rank_p]: self._ring_inputs(i, members, numel, dtype))
+            pg_key = (rank_p, g)
+            pending = self.pending.setdefault(pg_key, deque())
+            with self.lock:
+                busy = bool(pending)
+                pending.append((ring.nodes[rank_p], part, None, ring))
+            if not busy:
+                self.pool.submit(self._drain, pg_key)
+
+    def _ring_inputs(self, i: int, members: tuple[int, ...], numel: int, dtype: str) -> list:
+        """Every member's input of the all-reduce at node `i`, flat: from the tensor cache, or zeros."""
+        import torch
+
+        out = []
+        for m, node in self._member_nodes(i, members):
+            holder, key = self._cached_as(m, node)
+            cached = self.inputs.get(holder, key)
+            if cached and len(cached) == 1 and cached[0].numel() == numel:
+                out.append(cached[0].reshape(-1))
+            else:
+                out.append(torch.zeros(numel, dtype=getattr(torch, dtype)))
+        return out
+
+    def _wait_then(self, works, keep, ring: _RingOp) -> None:
+        try:
+            for w in works:
+                w.wait()
+            del keep
+            self.events.put(_Call(lambda: self._part_done(ring)))
+        except BaseException as err:  # noqa: BLE001 - reported on the loop's thread
+            self.events.put(err)
+
+    def _part_done(self, ring: _RingOp) -> None:
+        ring.parts -= 1
+        if ring.parts == 0:
+            self._ring_done(ring)
+
+    def _ring_done(self, ring: _RingOp) -> None:
+        now = time.perf_counter()
+        for h in ring.handles:
+            h.when = now
+            self.events.put(h)
+        ring.handles = []
 
     # -- the pruned tree barrier (groups holding a sandbox rank) ------------------------------
     def _shape(self, g: int):
@@ -482,16 +632,21 @@ class Assistant:
 
         self.moves.append(self.pool.submit(move))
 
-    def _member_splits(self, i: int, members: tuple[int, ...]) -> tuple[list[list[int]], int]:
-        """Every member's splits of the uneven all-to-all node `i` takes part in, and the bytes of a row."""
+    def _member_nodes(self, i: int, members: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(member, its node) of the collective node `i` takes part in, in group order."""
         from prism_core.trace.matching import node_ranks
 
-        c = self.trace.columns
         o = int(self.match.op_id[i])
         nodes = self.match.order[self.match.bounds[o]:self.match.bounds[o + 1]]
         if self._ranks is None:
             self._ranks = node_ranks(self.trace)
         by_rank = {int(self._ranks[n]): int(n) for n in nodes}
+        return [(m, by_rank[m]) for m in members]
+
+    def _member_splits(self, i: int, members: tuple[int, ...]) -> tuple[list[list[int]], int]:
+        """Every member's splits of the uneven all-to-all node `i` takes part in, and the bytes of a row."""
+        c = self.trace.columns
+        by_rank = dict(self._member_nodes(i, members))
         splits, row_bytes = [], 0
         for m in members:
             text = self.trace.splits[c["splits"][by_rank[m]]]

@@ -1,0 +1,115 @@
+"""The pruned ring all-reduce in a replay: sandbox ranks end with the real run's results to the bit
+while only their ring neighbours exist, whether a virtual rank sits on one side or between two
+sandbox ranks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from prism_core.backend.pruned import ring_allreduce
+from prism_core.collect.stage import collect
+from prism_core.config import config_from_dict
+from prism_core.record import record
+from prism_core.replay.ring import RingPart, ring_neighbours
+from prism_core.replay.slices import run_with_assistant
+
+from tests.jobs import assert_no_rank_processes
+
+SCRIPT = """
+import json
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+r, w = dist.get_rank(), dist.get_world_size()
+g = torch.Generator().manual_seed(7 + r)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+out = {}
+for step in range(2):
+    for name, op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
+        x = torch.randn(301, generator=g) * 1e3
+        dist.all_reduce(x, op=op)
+        out[f"{name}{step}"] = x.tolist()
+    xs = [torch.randn(40 + i, generator=g) for i in range(3)]
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    for i, wk in enumerate(works):
+        wk.wait()
+        out[f"async{step}.{i}"] = xs[i].tolist()
+    model(torch.ones(4)).sum().backward()
+    opt.step()
+print("RESULT " + json.dumps(out), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _results(run_dir, rank):
+    lines = (run_dir / "logs" / f"rank_{rank}.log").read_text().splitlines()
+    return json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
+
+
+def test_neighbours_of_sandbox_positions():
+    assert ring_neighbours(6, {1}) == {0, 2}
+    assert ring_neighbours(6, {1, 3}) == {0, 2, 4}
+    assert ring_neighbours(2, {0}) == {1}
+    assert ring_neighbours(4, {0, 1, 2, 3}) == set()
+
+
+class _Recorder:
+    """A gloo group stand-in that records what a ring part sends and answers its receives."""
+    def __init__(self):
+        self.sent, self.received = [], []
+
+    def send(self, tensors, dst, tag):
+        self.sent.append((dst, tensors[0].clone()))
+        return _Done()
+
+    def recv(self, tensors, src, tag):
+        self.received.append((src, tensors[0].numel()))
+        return _Done()
+
+
+class _Done:
+    def wait(self):
+        return True
+
+
+def test_a_left_neighbour_sends_the_full_rings_partials():
+    k, sandbox = 5, frozenset({3, 4})
+    inputs = [torch.randn(23) * 10 ** i for i in range(k)]
+    pg = _Recorder()
+    RingPart(me=2, k=k, sandbox=sandbox, op="sum", numel=23, dtype=torch.float32, load=lambda: inputs).run(pg)
+    assert [dst for dst, _ in pg.sent] == [3] * 2 * (k - 1) and not pg.received
+    # what rank 2 sends in the full ring at every step, for the chunks that reach a sandbox output
+    full, _ = ring_allreduce(inputs, "sum")
+    ag = [t for _, t in pg.sent[k - 1:]]
+    from prism_core.backend.pruned import chunk_bounds
+    bounds = chunk_bounds(23, k)
+    for s, t in enumerate(ag):
+        a, b = bounds[(2 + 1 - s) % k]
+        assert torch.equal(t, full[2][a:b])
+
+
+@pytest.mark.timeout(400)
+def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tmp_path):
+    script = tmp_path / "rings.py"
+    script.write_text(SCRIPT)
+    cfg = config_from_dict({"name": "rings", "job": {"program": str(script), "world_size": 6, "iterations": 2,
+                                                     "warmup": 1, "timeout_s": 120},
+                            "emulation": {"collect_mode": "context_switch", "sandbox": 2}})
+    record(cfg, tmp_path / "record", echo=False)
+    real = {r: _results(tmp_path / "record", r) for r in range(6)}
+    graph = collect(cfg, tmp_path / "collect")
+    # {1}: virtual 0 sends, virtual 2 receives; {1, 3}: virtual 2 sits between two sandbox ranks;
+    # {0, 5}: neighbours 1 and 4, the ring wraps from 5 to 0
+    for sandbox, neighbours in (([1], {0, 2}), ([1, 3], {0, 2, 4}), ([0, 5], {1, 4})):
+        out = tmp_path / "-".join(map(str, sandbox))
+        run_with_assistant(cfg, graph.directory, sandbox, out)
+        stats = json.loads((out / "replay" / "stats.json").read_text())
+        assert stats["gloo_groups"] == len(neighbours), sandbox
+        for r in sandbox:
+            assert _results(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
+    assert_no_rank_processes()
