@@ -20,8 +20,10 @@ import torch
 import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
-from prism_core.backend.pruned import BARRIER_TAG, ring_eligible, tree_children, tree_parent
-from prism_core.backend.ring import RingRunner
+from prism_core.backend.pruned import BARRIER_TAG, ring_algorithm, tree_children, tree_parent
+from prism_core.backend.ring import (
+    RingRunner, ring_allgather_inplace, ring_allreduce_inplace, ring_reduce_scatter_inplace,
+)
 from prism_core.backend.reduce_ops import reduce_name
 from prism_core.trace.recorder import Recorder
 
@@ -106,6 +108,11 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _coalesced_splits(inputs) -> list[int]:
+    """A coalesced gather or scatter's mark in the graph: its inputs' element counts."""
+    return [t.numel() for t in inputs]
+
+
 def _flat(nested) -> list[torch.Tensor]:
     out = []
     for x in nested:
@@ -182,17 +189,58 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._run("allreduce", tensors, tensors, lambda: [self._allreduce(tensors, opts)],
                          reduce=opts.reduceOp)
 
-    def _allreduce(self, tensors, opts):
-        """The ring over point-to-point links where it applies (`pruned.ring_eligible`; real runs
-        only, collection transports settle the op whole), else gloo's algorithm."""
-        t = tensors[0]
-        op = reduce_name(opts.reduceOp)
-        if (not self._gloo or len(tensors) != 1 or t.is_sparse or
-                not ring_eligible(op, t.numel(), self.size(), str(t.dtype).removeprefix("torch."))):
-            return self._inner.allreduce(tensors, opts)
+    # -- rings (real runs: every op `pruned.ring_algorithm` picks; collection transports settle
+    # -- the op whole, so they keep the inner group's own) ---------------------------------------
+    def _ring_for(self, op: str, t: torch.Tensor, reduce=None, numel: int | None = None) -> str | None:
+        """The ring `op` runs as on input `t` (of `numel` elements, when given apart), or None."""
+        if not self._gloo or t.is_sparse:
+            return None
+        name = reduce_name(reduce) if reduce is not None else ""
+        return ring_algorithm(op, name, t.numel() if numel is None else numel, self.size(),
+                              str(t.dtype).removeprefix("torch."))
+
+    def _submit_ring(self, run, result: list):
         if self._ring is None:
             self._ring = RingRunner(self._name)
-        return self._ring.submit(self._inner, tensors, self.rank(), self.size(), op)
+        return self._ring.submit(run, result)
+
+    def _allreduce(self, tensors, opts):
+        t = tensors[0]
+        if len(tensors) != 1 or self._ring_for("allreduce", t, opts.reduceOp) is None:
+            return self._inner.allreduce(tensors, opts)
+        me, k, op, inner = self.rank(), self.size(), reduce_name(opts.reduceOp), self._inner
+
+        def run() -> None:
+            flat = t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
+            ring_allreduce_inplace(inner, flat, me, k, op)
+            if not t.is_contiguous():
+                t.copy_(flat.view(t.shape))
+        return self._submit_ring(run, tensors)
+
+    def _allgather_ring(self, op: str, blocks: list[torch.Tensor], input: torch.Tensor, result: list, fallback):
+        """All-gather as the ring when the output blocks are contiguous and the input's size."""
+        if (self._ring_for(op, input) is None or not input.is_contiguous() or len(blocks) != self.size()
+                or any(not b.is_contiguous() or b.numel() != input.numel() or b.dtype != input.dtype
+                       for b in blocks)):
+            return fallback()
+        me, k, inner = self.rank(), self.size(), self._inner
+
+        def run() -> None:
+            blocks[me].view(-1).copy_(input.view(-1))
+            ring_allgather_inplace(inner, [b.view(-1) for b in blocks], me, k)
+        return self._submit_ring(run, result)
+
+    def _reduce_scatter_ring(self, op: str, out: torch.Tensor, blocks: list[torch.Tensor], reduce, result: list,
+                             fallback):
+        """Reduce-scatter as the ring when the blocks are contiguous and the output's size."""
+        if (self._ring_for(op, out, reduce, numel=sum(b.numel() for b in blocks)) is None or not out.is_contiguous() or len(blocks) != self.size()
+                or any(not b.is_contiguous() or b.numel() != out.numel() or b.dtype != out.dtype for b in blocks)):
+            return fallback()
+        me, k, name, inner = self.rank(), self.size(), reduce_name(reduce), self._inner
+
+        def run() -> None:
+            ring_reduce_scatter_inplace(inner, [b.view(-1) for b in blocks], out.view(-1), me, k, name)
+        return self._submit_ring(run, result)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()
@@ -206,35 +254,64 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else c10d.AllgatherOptions()
-        return self._run("allgather", inputs, output_lists, lambda: [self._inner.allgather(output_lists, inputs, opts)])
+
+        def start() -> list:
+            gloo = lambda: self._inner.allgather(output_lists, inputs, opts)  # noqa: E731
+            if len(inputs) != 1 or len(output_lists) != 1:
+                return [gloo()]
+            return [self._allgather_ring("allgather", output_lists[0], inputs[0], output_lists, gloo)]
+        return self._run("allgather", inputs, output_lists, start)
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else c10d.AllgatherOptions()
-        return self._run("all_gather_single", [input], [output],
-                         lambda: [self._inner._allgather_base(output, input, opts)])
+
+        def start() -> list:
+            gloo = lambda: self._inner._allgather_base(output, input, opts)  # noqa: E731
+            if not output.is_contiguous() or output.numel() != input.numel() * self.size():
+                return [gloo()]
+            return [self._allgather_ring("all_gather_single", list(output.view(self.size(), -1)), input, [output],
+                                         gloo)]
+        return self._run("all_gather_single", [input], [output], start)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        # gloo's algorithm, one op per pair; the node's splits (each input's element count) tell
+        # the assistant this is not one ring over the whole
         opts = opts if opts is not None else c10d.AllgatherOptions()
         return self._run("all_gather_single", inputs, outputs,
-                         lambda: [self._inner._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)])
+                         lambda: [self._inner._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)],
+                         splits=_coalesced_splits(inputs))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
-        return self._run("reduce_scatter", input_lists, outputs,
-                         lambda: [self._inner.reduce_scatter(outputs, input_lists, opts)], reduce=opts.reduceOp)
+
+        def start() -> list:
+            gloo = lambda: self._inner.reduce_scatter(outputs, input_lists, opts)  # noqa: E731
+            if len(outputs) != 1 or len(input_lists) != 1 or opts.reduceOp == dist.ReduceOp.PREMUL_SUM:
+                return [gloo()]
+            return [self._reduce_scatter_ring("reduce_scatter", outputs[0], input_lists[0], opts.reduceOp, outputs,
+                                              gloo)]
+        return self._run("reduce_scatter", input_lists, outputs, start, reduce=opts.reduceOp)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
-        return self._run("reduce_scatter_single", [input], [output],
-                         lambda: [self._inner._reduce_scatter_base(output, input, opts)], reduce=opts.reduceOp)
+
+        def start() -> list:
+            gloo = lambda: self._inner._reduce_scatter_base(output, input, opts)  # noqa: E731
+            k = self.size()
+            if (opts.reduceOp == dist.ReduceOp.PREMUL_SUM or not input.is_contiguous()
+                    or input.numel() != output.numel() * k):
+                return [gloo()]
+            return [self._reduce_scatter_ring("reduce_scatter_single", output, list(input.view(k, -1)),
+                                              opts.reduceOp, [output], gloo)]
+        return self._run("reduce_scatter_single", [input], [output], start, reduce=opts.reduceOp)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
         return self._run("reduce_scatter_single", inputs, outputs,
                          lambda: [self._inner._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)],
-                         reduce=opts.reduceOp)
+                         reduce=opts.reduceOp, splits=_coalesced_splits(inputs))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 

@@ -98,11 +98,23 @@ def ring_members(k: int, sandbox: set[int]) -> set[int]:
     return set(sandbox) | {(i - 1) % k for i in sandbox} | {(i + 1) % k for i in sandbox}
 
 
-def ring_eligible(reduce: str, numel: int, k: int, dtype: str) -> bool:
-    """Whether the backend runs an all-reduce as the ring (else gloo's own algorithm). The backend
-    and the assistant decide from the same facts, all in the graph: the reduce op, the element
-    count (every chunk holds at least one element), the group size and the dtype's name."""
-    return k > 1 and reduce in REDUCE_OPS and numel >= k and dtype != "bool" and not dtype.startswith("complex")
+RING_OPS = {"allreduce": "allreduce", "all_gather_single": "all_gather", "allgather": "all_gather",
+            "reduce_scatter_single": "reduce_scatter", "reduce_scatter": "reduce_scatter"}
+
+
+def ring_algorithm(op: str, reduce: str, numel: int, k: int, dtype: str) -> str | None:
+    """Which ring the backend runs an op as ("allreduce", "all_gather", "reduce_scatter"), or None
+    for gloo's own algorithm. The backend and the assistant decide from the same facts, all in the
+    graph: the op, the reduce op, the input's element count (every chunk holds at least one
+    element; a reduce-scatter's input splits evenly), the group size and the dtype's name."""
+    kind = RING_OPS.get(op)
+    if kind is None or k < 2 or numel < 1 or dtype == "bool" or dtype.startswith("complex"):
+        return None
+    if kind == "all_gather":
+        return kind
+    if reduce not in REDUCE_OPS or numel < k:
+        return None
+    return kind if kind == "allreduce" or numel % k == 0 else None
 
 
 def fold(inputs: list[torch.Tensor | None], first: int, last: int, a: int, b: int, op: str) -> torch.Tensor:
@@ -195,6 +207,94 @@ def ring_allreduce_pruned(k: int, sandbox: set[int], inputs: list[torch.Tensor],
                 done[dst][c] = value.clone()
     outputs = {i: torch.cat([done[i][c] for c in range(k)]).reshape(inputs[0].shape) for i in sandbox}
     return outputs, traffic
+
+
+# -- all-gather and reduce-scatter rings ----------------------------------------------------------
+#
+# All-gather on k ranks: in step s rank i sends block (i - s) to i + 1 (its own input at s = 0);
+# after k - 1 steps every rank holds every block. Pruned, a virtual left neighbour v sends block
+# (v - s): member (v - s)'s input, from the tensor cache, exactly what v would have forwarded.
+#
+# Reduce-scatter: block c ends on rank c. In step s rank i sends its partial of block (i - 1 - s)
+# to i + 1, which adds its own share: block c starts at rank c + 1 and its owner adds last.
+# Pruned, v sends the full ring's partial of block (v - 1 - s), folded in ring order from the
+# cache, when every rank after v up to the owner is a sandbox rank; zeros otherwise.
+
+def _block(t: torch.Tensor, b: int, n: int) -> torch.Tensor:
+    return t.reshape(-1)[b * n:(b + 1) * n]
+
+
+def allgather_sends(inputs: list[torch.Tensor], v: int) -> list[torch.Tensor]:
+    k = len(inputs)
+    return [inputs[(v - s) % k].reshape(-1) for s in range(k - 1)]
+
+
+def reduce_scatter_sends(inputs: list[torch.Tensor], v: int, sandbox: set[int], op: str) -> list[torch.Tensor]:
+    k = len(inputs)
+    n = inputs[0].numel() // k
+    out = []
+    for s in range(k - 1):
+        b = (v - 1 - s) % k
+        path, r = [], v
+        while r != b:
+            r = (r + 1) % k
+            path.append(r)
+        out.append(fold(inputs, (b + 1) % k, v, b * n, (b + 1) * n, op) if all(p in sandbox for p in path)
+                   else torch.zeros(n, dtype=inputs[0].dtype))
+    return out
+
+
+def _links(k: int, members: set[int], sandbox: set[int] | None):
+    """(src, dst) of the ring links that carry data: all, or those touching a sandbox rank."""
+    for i in sorted(members):
+        dst = (i + 1) % k
+        if dst in members and (sandbox is None or i in sandbox or dst in sandbox):
+            yield i, dst
+
+
+def ring_allgather(inputs: list[torch.Tensor], sandbox: set[int] | None = None
+                   ) -> tuple[dict[int, torch.Tensor], Traffic]:
+    """Every rank's output (the sandbox ranks', when pruned to `sandbox`) and the traffic."""
+    k = len(inputs)
+    real = set(range(k)) if sandbox is None else set(sandbox)
+    members = set(range(k)) if sandbox is None else ring_members(k, sandbox)
+    virtual = {v: allgather_sends(inputs, v) for v in members - real if (v + 1) % k in real}
+    have = {i: {i: inputs[i].reshape(-1).clone()} for i in real}
+    traffic: Traffic = {}
+    for s in range(k - 1):
+        sends = [(i, dst, (i - s) % k, have[i][(i - s) % k] if i in real else virtual[i][s])
+                 for i, dst in _links(k, members, sandbox)]
+        for i, dst, b, value in sends:
+            traffic[("all_gather", s, i, dst)] = _nbytes(value)
+            if dst in real:
+                have[dst][b] = value.clone()
+    return {i: torch.cat([have[i][b] for b in range(k)]) for i in real}, traffic
+
+
+def ring_reduce_scatter(inputs: list[torch.Tensor], op: str, sandbox: set[int] | None = None
+                        ) -> tuple[dict[int, torch.Tensor], Traffic]:
+    """Every rank's block of the reduction (the sandbox ranks', when pruned) and the traffic."""
+    k = len(inputs)
+    n = inputs[0].numel() // k
+    real = set(range(k)) if sandbox is None else set(sandbox)
+    members = set(range(k)) if sandbox is None else ring_members(k, sandbox)
+    virtual = {v: reduce_scatter_sends(inputs, v, real, op) for v in members - real if (v + 1) % k in real}
+    partial: dict[tuple[int, int], torch.Tensor] = {}
+    traffic: Traffic = {}
+    for s in range(k - 1):
+        sends = []
+        for i, dst in _links(k, members, sandbox):
+            b = (i - 1 - s) % k
+            if i in real:
+                value = _block(inputs[i], b, n).clone() if s == 0 else partial.pop((i, b))
+            else:
+                value = virtual[i][s]
+            sends.append((i, dst, b, value))
+        for i, dst, b, value in sends:
+            traffic[("reduce_scatter", s, i, dst)] = _nbytes(value)
+            if dst in real:
+                partial[(dst, b)] = _combine(value, _block(inputs[dst], b, n), op)
+    return {i: partial[(i, i)] for i in real}, traffic
 
 
 def traffic_of(traffic: Traffic, rank: int) -> dict[tuple[str, int, str], int]:

@@ -78,27 +78,33 @@ class _Call:
         self.fn = fn
 
 
+RING_KINDS = ("", "allreduce", "all_gather", "reduce_scatter")
+
+
 def ring_nodes(trace) -> np.ndarray:
-    """Per node: an all-reduce the backend runs as its ring (`pruned.ring_eligible`, decided from
-    the graph as the backend decides it from the tensor)."""
-    from prism_core.backend.pruned import ring_eligible
-    from prism_core.trace.schema import COMM, OP_CODE, REDUCE_OPS
+    """Per node: which ring the backend runs it as (an index into RING_KINDS; 0: not a ring),
+    decided by `pruned.ring_algorithm` from the graph as the backend decides from the tensors.
+    A coalesced all-gather or reduce-scatter (splits recorded) keeps gloo's algorithm."""
+    from prism_core.backend.pruned import RING_OPS, ring_algorithm
+    from prism_core.trace.schema import COMM, OP_CODE, OPS, REDUCE_OPS
 
     c = trace.columns
-    mask = np.zeros(len(c["kind"]), dtype=bool)
-    idx = np.nonzero((c["kind"] == COMM) & (c["op"] == OP_CODE["allreduce"]))[0]
+    kinds = np.zeros(len(c["kind"]), dtype=np.int8)
+    idx = np.nonzero((c["kind"] == COMM) & np.isin(c["op"], [OP_CODE[o] for o in RING_OPS]) & (c["splits"] == 0))[0]
     if not len(idx):
-        return mask
-    keys = np.stack([c["reduce"][idx].astype(np.int64), c["dtype"][idx].astype(np.int64),
-                     c["group"][idx].astype(np.int64), c["bytes"][idx].astype(np.int64)], axis=1)
+        return kinds
+    keys = np.stack([c["op"][idx].astype(np.int64), c["reduce"][idx].astype(np.int64),
+                     c["dtype"][idx].astype(np.int64), c["group"][idx].astype(np.int64),
+                     c["bytes"][idx].astype(np.int64)], axis=1)
     unique, inverse = np.unique(keys, axis=0, return_inverse=True)
-    ok = np.zeros(len(unique), dtype=bool)
-    for n, (reduce, dtype, g, nbytes) in enumerate(unique.tolist()):
+    found = np.zeros(len(unique), dtype=np.int8)
+    for n, (op, reduce, dtype, g, nbytes) in enumerate(unique.tolist()):
         name = trace.dtypes[dtype] or "float32"
-        size = torch_element_size(name)
-        ok[n] = ring_eligible(REDUCE_OPS[reduce], nbytes // size, len(trace.groups[g]), name)
-    mask[idx] = ok[inverse.reshape(-1)]
-    return mask
+        kind = ring_algorithm(OPS[op], REDUCE_OPS[reduce], nbytes // torch_element_size(name),
+                              len(trace.groups[g]), name)
+        found[n] = RING_KINDS.index(kind or "")
+    kinds[idx] = found[inverse.reshape(-1)]
+    return kinds
 
 
 def torch_element_size(dtype_name: str) -> int:
@@ -116,6 +122,7 @@ def _prunable_groups(trace, groups: set[int], ring: np.ndarray) -> tuple[set[int
     c = trace.columns
     comm = c["kind"] == COMM
     barrier = comm & (c["op"] == OP_CODE["barrier"])
+    ring = ring > 0
     other = np.unique(c["group"][comm & ~barrier & ~ring])
     with_barrier = set(np.unique(c["group"][barrier]).tolist()) & groups
     with_ring = set(np.unique(c["group"][ring]).tolist()) & groups
@@ -502,7 +509,8 @@ class Assistant:
     # -- the pruned ring all-reduce (groups holding a sandbox rank) ----------------------------
     def _issue_ring(self, rank: int, i: int, g: int, h: _Handle) -> None:
         """Count this virtual member in; once all are, the sandbox ranks' ring neighbours play their
-        part (`replay.ring`); every virtual member completes when those parts are done."""
+        part (`replay.ring`); every virtual member completes when those parts are done.
+        (All-reduce, all-gather or reduce-scatter: `self.ring[i]` says which.)"""
         import torch
 
         from prism_core.replay.ring import RingPart
@@ -530,8 +538,8 @@ class Assistant:
         op = REDUCE_OPS[c["reduce"][i]]
         for p in parts:
             rank_p = members[p]
-            part = RingPart(me=p, k=len(members), sandbox=sandbox, op=op, numel=numel, dtype=getattr(torch, dtype),
-                            load=lambda i=ring.nodes[rank_p]: self._ring_inputs(i, members, numel, dtype))
+            part = RingPart(kind=RING_KINDS[self.ring[i]], me=p, k=len(members), sandbox=sandbox, op=op,
+                            numel=numel, dtype=getattr(torch, dtype), load=lambda i=ring.nodes[rank_p]: self._ring_inputs(i, members, numel, dtype))
             pg_key = (rank_p, g)
             pending = self.pending.setdefault(pg_key, deque())
             with self.lock:
@@ -547,9 +555,9 @@ class Assistant:
         out = []
         for m, node in self._member_nodes(i, members):
             holder, key = self._cached_as(m, node)
-            cached = self.inputs.get(holder, key)
-            if cached and len(cached) == 1 and cached[0].numel() == numel:
-                out.append(cached[0].reshape(-1))
+            cached = self.inputs.get(holder, key)    # a list form's blocks: one after the other
+            if cached and sum(t.numel() for t in cached) == numel:
+                out.append(torch.cat([t.reshape(-1) for t in cached]) if len(cached) > 1 else cached[0].reshape(-1))
             else:
                 out.append(torch.zeros(numel, dtype=getattr(torch, dtype)))
         return out

@@ -1,8 +1,9 @@
-"""The virtual side of the backend's ring all-reduce, pruned to the sandbox ranks' ring neighbours.
+"""The virtual side of the backend's rings (all-reduce, all-gather, reduce-scatter), pruned to the
+sandbox ranks' ring neighbours.
 
 A sandbox rank at ring position p talks to p - 1 and p + 1 only. When one of them is virtual,
-the assistant plays it: a left neighbour (p - 1) sends, step by step, what `pruned.boundary_sends`
-builds from the tensor cache (the full ring's partials, so the sandbox rank ends with the full
+the assistant plays it: a left neighbour (p - 1) sends, step by step, what `pruned` builds from
+the tensor cache (the full ring's partials and blocks, so the sandbox rank ends with the full
 ring's bits); a right neighbour (p + 1) takes what the sandbox rank sends. A virtual rank that
 is both (a sandbox rank on each side) paces its sends on its receives, as the real ring does.
 Nobody else in the group exists on the wire. The part starts once every virtual member of the
@@ -16,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from prism_core.backend.pruned import RING_TAG, boundary_sends, chunk_bounds
+from prism_core.backend.pruned import (
+    RING_TAG, allgather_sends, boundary_sends, chunk_bounds, reduce_scatter_sends,
+)
 
 
 def ring_neighbours(k: int, sandbox: set[int]) -> set[int]:
@@ -26,12 +29,13 @@ def ring_neighbours(k: int, sandbox: set[int]) -> set[int]:
 
 @dataclass
 class RingPart:
-    """What virtual position `me` of a k-ring does in one all-reduce."""
+    """What virtual position `me` of a k-ring does in one all-reduce, all-gather or reduce-scatter."""
+    kind: str                      # "allreduce" | "all_gather" | "reduce_scatter"
     me: int
     k: int
     sandbox: frozenset[int]
     op: str
-    numel: int
+    numel: int                     # elements of each member's input
     dtype: torch.dtype
     load: Callable[[], list[torch.Tensor]]    # every position's input (cached, or zeros), flat
 
@@ -40,20 +44,35 @@ class RingPart:
         A member between two sandbox ranks runs its steps here, in order, and returns no work."""
         k, me = self.k, self.me
         left, right = (me - 1) % k, (me + 1) % k
-        sends = boundary_sends(self.load(), me, set(self.sandbox), self.op) if right in self.sandbox else None
-        bounds = chunk_bounds(self.numel, k)
-        dtype = self.dtype
+        sends = self._sends() if right in self.sandbox else None
         recvs = None
-        if left in self.sandbox:   # the chunks the sandbox rank sends: reduce-scatter, then all-gather
-            order = [(me - 1 - s) % k for s in range(k - 1)] + [(me - s) % k for s in range(k - 1)]
-            recvs = [torch.empty(bounds[c][1] - bounds[c][0], dtype=dtype) for c in order]
+        if left in self.sandbox:   # what the sandbox rank sends, step by step
+            recvs = [torch.empty(n, dtype=self.dtype) for n in self._received_sizes()]
         if sends is not None and recvs is not None:
-            for out, into in zip(sends[0] + sends[1], recvs):
+            for out, into in zip(sends, recvs):
                 work = pg.send([out], right, RING_TAG)
                 pg.recv([into], left, RING_TAG).wait()
                 work.wait()
             return [], []
         if sends is not None:
-            outs = sends[0] + sends[1]
-            return [pg.send([t], right, RING_TAG) for t in outs], outs
+            return [pg.send([t], right, RING_TAG) for t in sends], sends
         return [pg.recv([t], left, RING_TAG) for t in recvs], recvs
+
+    def _sends(self) -> list[torch.Tensor]:
+        inputs, sandbox = self.load(), set(self.sandbox)
+        if self.kind == "allreduce":
+            rs, ag = boundary_sends(inputs, self.me, sandbox, self.op)
+            return rs + ag
+        if self.kind == "all_gather":
+            return allgather_sends(inputs, self.me)
+        return reduce_scatter_sends(inputs, self.me, sandbox, self.op)
+
+    def _received_sizes(self) -> list[int]:
+        k, me = self.k, self.me
+        if self.kind == "allreduce":
+            bounds = chunk_bounds(self.numel, k)
+            order = [(me - 1 - s) % k for s in range(k - 1)] + [(me - s) % k for s in range(k - 1)]
+            return [bounds[c][1] - bounds[c][0] for c in order]
+        if self.kind == "all_gather":
+            return [self.numel] * (k - 1)
+        return [self.numel // k] * (k - 1)

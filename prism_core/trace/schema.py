@@ -46,7 +46,8 @@ COLUMNS: dict[str, np.dtype] = {
     "step": np.dtype(np.int32),
     "reduce": np.dtype(np.int8),     # index into REDUCE_OPS for reductions, 0 otherwise
     "splits": np.dtype(np.int32),    # all_to_all_single: index into the splits table (rows this rank sends to
-                                     # each member, "3,0,5"); 0 ("") for an even split and other ops
+                                     # each member, "3,0,5"); a coalesced all-gather / reduce-scatter: its
+                                     # inputs' element counts; 0 ("") for an even split and other ops
     "t_start": np.dtype(np.float64),
     "t_end": np.dtype(np.float64),
 }

@@ -36,7 +36,8 @@ def _splits(trace: Trace) -> list[str]:
     c = trace.columns
     out = []
     table = [[int(x) for x in t.split(",")] if t else [] for t in trace.splits]
-    for i in np.nonzero(c["splits"] > 0)[0][:100_000]:
+    uneven = (c["splits"] > 0) & (c["op"] == OP_CODE["all_to_all_single"]) & (c["kind"] == COMM)
+    for i in np.nonzero(uneven)[0][:100_000]:
         s = table[c["splits"][i]]
         members = len(trace.groups[c["group"][i]])
         rank = int(np.searchsorted(trace.offsets, i, side="right") - 1)

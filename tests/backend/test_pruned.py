@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prism_core.backend.pruned import (
-    REDUCE_OPS, chunk_bounds, ring_allreduce, ring_allreduce_pruned, ring_members, traffic_of, tree_broadcast,
-    tree_members, tree_reduce,
+    REDUCE_OPS, chunk_bounds, ring_algorithm, ring_allgather, ring_allreduce, ring_allreduce_pruned, ring_members,
+    ring_reduce_scatter, traffic_of, tree_broadcast, tree_members, tree_reduce,
 )
 
 
@@ -114,3 +114,57 @@ def test_pruned_tree_broadcast_and_reduce(case, root_seed):
         assert traffic_of(rt, i) == traffic_of(full_rt, i)
     members = tree_members(k, root, sandbox)
     assert all(src in members and dst in members for (_, _, src, dst) in rt)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(cases(), cases(integers=False)))
+def test_pruned_all_gather_gives_each_sandbox_rank_every_block_with_the_same_traffic(case):
+    k, sandbox, inputs, _ = case
+    full, full_traffic = ring_allgather(inputs)
+    expected = torch.cat([t.reshape(-1) for t in inputs])
+    assert all(torch.equal(full[i], expected) for i in range(k))
+    assert len(full_traffic) == (k - 1) * k
+    outputs, traffic = ring_allgather(inputs, sandbox)
+    assert set(outputs) == sandbox
+    for i in sandbox:
+        assert torch.equal(outputs[i], expected)
+        assert traffic_of(traffic, i) == traffic_of(full_traffic, i)
+    members = ring_members(k, sandbox)
+    assert all(src in members and dst in members and (src in sandbox or dst in sandbox)
+               for (_, _, src, dst) in traffic)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(cases(), cases(integers=False)), st.integers(1, 4))
+def test_pruned_reduce_scatter_gives_each_sandbox_rank_the_full_rings_block_with_the_same_traffic(case, n):
+    k, sandbox, base, op = case
+    integers = bool(torch.equal(base[0], base[0].round()))
+    g = torch.Generator().manual_seed(k * 31 + n)
+    inputs = [torch.randint(-1000, 1000, (k * n,), generator=g).float() if integers
+              else torch.randn(k * n, generator=g) * 1e3 for _ in range(k)]
+    full, full_traffic = ring_reduce_scatter(inputs, op)
+    if integers:                    # sums exact in any order: compare with the plain reduction
+        reduced = _full_result(inputs, op)
+        assert all(torch.equal(full[i], reduced[i * n:(i + 1) * n]) for i in range(k))
+    outputs, traffic = ring_reduce_scatter(inputs, op, sandbox)
+    assert set(outputs) == sandbox
+    for i in sandbox:
+        assert torch.equal(outputs[i], full[i]), f"rank {i} of {k}, sandbox {sorted(sandbox)}, {op}"
+        assert traffic_of(traffic, i) == traffic_of(full_traffic, i)
+    members = ring_members(k, sandbox)
+    assert all(src in members and dst in members and (src in sandbox or dst in sandbox)
+               for (_, _, src, dst) in traffic)
+
+
+def test_which_ops_run_as_a_ring_is_decided_from_what_the_graph_records():
+    assert ring_algorithm("allreduce", "sum", 4, 4, "float32") == "allreduce"
+    assert ring_algorithm("allreduce", "min", 9, 3, "bfloat16") == "allreduce"
+    assert ring_algorithm("allreduce", "sum", 3, 4, "float32") is None         # a chunk would be empty
+    assert ring_algorithm("allreduce", "product", 100, 4, "float32") is None
+    assert ring_algorithm("allreduce", "sum", 100, 1, "float32") is None
+    assert ring_algorithm("allreduce", "sum", 100, 4, "bool") is None
+    assert ring_algorithm("all_gather_single", "", 1, 8, "float32") == "all_gather"
+    assert ring_algorithm("allgather", "", 0, 8, "float32") is None
+    assert ring_algorithm("reduce_scatter_single", "sum", 12, 4, "float32") == "reduce_scatter"
+    assert ring_algorithm("reduce_scatter", "max", 10, 4, "float32") is None  # does not split evenly
+    assert ring_algorithm("broadcast", "", 100, 4, "float32") is None

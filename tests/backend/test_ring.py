@@ -1,6 +1,6 @@
-"""The backend's ring all-reduce, run for real over gloo point-to-point links: every rank ends with
-`pruned.ring_allreduce`'s result to the bit, asynchronous rings keep their order, and what the ring
-does not serve goes to gloo's algorithm."""
+"""The backend's rings, run for real over gloo point-to-point links: every rank ends with `pruned`'s
+ring all-reduce, all-gather and reduce-scatter results to the bit, asynchronous rings keep their
+order, and what the rings do not serve goes to gloo's algorithm."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 
-from prism_core.backend.pruned import ring_eligible
 from prism_core.backend.ring import scratch
 from prism_core.config import load_config
 from prism_core.record import record
@@ -18,7 +17,7 @@ from tests.jobs import assert_nothing_left, make_job
 
 RINGS = """
     import json
-    from prism_core.backend.pruned import ring_allreduce
+    from prism_core.backend.pruned import ring_allgather, ring_allreduce, ring_reduce_scatter
     dist.init_process_group("gloo")
     r, w = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(100 + r)
@@ -33,6 +32,25 @@ RINGS = """
         check(ref, torch.randn(1003, generator=g) * 1e4, op, ref)
     check("bf16", torch.randn(37, generator=g).to(torch.bfloat16), dist.ReduceOp.SUM, "sum")
     check("int", torch.randint(-99, 99, (10,), generator=g), dist.ReduceOp.SUM, "sum")
+    # all-gather and reduce-scatter, tensor and list forms
+    x = torch.randn(7, generator=g) * 1e3
+    ins = [torch.empty_like(x) for _ in range(w)]
+    dist.all_gather(ins, x)
+    out = torch.empty(7 * w)
+    dist.all_gather_into_tensor(out, x)
+    results["all_gather"] = bool(torch.equal(out, ring_allgather(ins)[0][r])
+                                 and torch.equal(torch.cat(ins), out))
+    y = torch.randn(5 * w, generator=g) * 1e3
+    ys = [torch.empty_like(y) for _ in range(w)]
+    dist.all_gather(ys, y)
+    expected = ring_reduce_scatter(ys, "sum")[0][r]
+    mine, listed = torch.empty(5), torch.empty(5)
+    dist.reduce_scatter_tensor(mine, y)
+    dist.reduce_scatter(listed, list(y.chunk(w)))
+    maxed = torch.empty(5)
+    dist.reduce_scatter_tensor(maxed, y, op=dist.ReduceOp.MAX)
+    results["reduce_scatter"] = bool(torch.equal(mine, expected) and torch.equal(listed, expected)
+                                     and torch.equal(maxed, ring_reduce_scatter(ys, "max")[0][r]))
     # asynchronous rings, waited in reverse, through their futures as DDP's hooks do
     xs = [torch.full((50 + i,), float(r + i)) for i in range(4)]
     futs = [dist.all_reduce(x, async_op=True).get_future().then(lambda f: f.value()[0] * 1) for x in xs]
@@ -55,14 +73,6 @@ RINGS = """
 """
 
 
-def test_eligibility_is_decided_from_what_the_graph_records():
-    assert ring_eligible("sum", 4, 4, "float32") and ring_eligible("min", 9, 3, "bfloat16")
-    assert not ring_eligible("sum", 3, 4, "float32")        # a chunk would be empty
-    assert not ring_eligible("product", 100, 4, "float32")
-    assert not ring_eligible("sum", 100, 1, "float32")
-    assert not ring_eligible("sum", 100, 4, "bool") and not ring_eligible("sum", 100, 4, "complex64")
-
-
 def test_scratch_buffers_are_not_torch_allocations():
     buf = scratch(10, torch.bfloat16)
     assert buf.dtype == torch.bfloat16 and buf.numel() == 10
@@ -77,5 +87,5 @@ def test_every_rank_ends_with_the_rings_result_to_the_bit(tmp_path):
         lines = (tmp_path / "out" / "logs" / f"rank_{rank}.log").read_text().splitlines()
         results = json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
         assert results == {"sum": True, "max": True, "min": True, "bf16": True, "int": True, "async": True,
-                           "fallbacks": True}, f"rank {rank}"
+                           "all_gather": True, "reduce_scatter": True, "fallbacks": True}, f"rank {rank}"
     assert_nothing_left(tmp_path, script)

@@ -1,6 +1,6 @@
-"""The pruned ring all-reduce in a replay: sandbox ranks end with the real run's results to the bit
-while only their ring neighbours exist, whether a virtual rank sits on one side or between two
-sandbox ranks."""
+"""The pruned rings in a replay (all-reduce, all-gather, reduce-scatter): sandbox ranks end with the
+real run's results to the bit while only their ring neighbours exist, whether a virtual rank sits
+on one side or between two sandbox ranks."""
 
 from __future__ import annotations
 
@@ -39,6 +39,19 @@ for step in range(2):
     for i, wk in enumerate(works):
         wk.wait()
         out[f"async{step}.{i}"] = xs[i].tolist()
+    x = torch.randn(9, generator=g)
+    gathered = torch.empty(9 * w)
+    dist.all_gather_into_tensor(gathered, x)
+    out[f"ag{step}"] = gathered.tolist()
+    blocks = [torch.empty(9) for _ in range(w)]
+    dist.all_gather(blocks, x * 2)
+    out[f"agl{step}"] = torch.cat(blocks).tolist()
+    y = torch.randn(4 * w, generator=g) * 1e3
+    mine = torch.empty(4)
+    dist.reduce_scatter_tensor(mine, y)
+    out[f"rs{step}"] = mine.tolist()
+    dist.reduce_scatter(mine, list((y * 3).chunk(w)), op=dist.ReduceOp.MIN)
+    out[f"rsl{step}"] = mine.tolist()
     model(torch.ones(4)).sum().backward()
     opt.step()
 print("RESULT " + json.dumps(out), flush=True)
@@ -81,7 +94,7 @@ def test_a_left_neighbour_sends_the_full_rings_partials():
     k, sandbox = 5, frozenset({3, 4})
     inputs = [torch.randn(23) * 10 ** i for i in range(k)]
     pg = _Recorder()
-    RingPart(me=2, k=k, sandbox=sandbox, op="sum", numel=23, dtype=torch.float32, load=lambda: inputs).run(pg)
+    RingPart(kind="allreduce", me=2, k=k, sandbox=sandbox, op="sum", numel=23, dtype=torch.float32, load=lambda: inputs).run(pg)
     assert [dst for dst, _ in pg.sent] == [3] * 2 * (k - 1) and not pg.received
     # what rank 2 sends in the full ring at every step, for the chunks that reach a sandbox output
     full, _ = ring_allreduce(inputs, "sum")
