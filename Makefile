@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install clean
+.PHONY: demo test test-all install ui clean
 
 $(STAMP): pyproject.toml native_nccl/cpu_alloc/counting_allocator.cpp
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The Prefect UI over this project's runs (PREFECT_HOME=.prefect, as the prism commands use), on loopback only
+PORT ?= 4200
+ui: $(STAMP)
+	PREFECT_HOME=$(CURDIR)/.prefect PREFECT_SERVER_ANALYTICS_ENABLED=false \
+	  $(BIN)/prefect server start --host 127.0.0.1 --port $(PORT)
 
 clean:
 	rm -rf $(VENV) artifacts/*/ .pytest_cache .hypothesis

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import dask
 from prefect import flow, task
-from prefect.futures import wait
+from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
+from flows.artifacts import Progress
 from flows.collect import collect_task
 from prism_core.calibrate.stage import calibrate_pass, finish_passes, slice_jobs
 from prism_core.config import PrismConfig, config_from_dict, config_to_dict, load_config
@@ -26,6 +28,10 @@ from prism_core.replay.slices import run_slice
 from prism_core.trace import STORE_NAME, load_trace
 
 logging.getLogger("distributed").setLevel(logging.WARNING)   # Dask's own chatter; Prefect logs the slices
+
+
+def _echo(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def local_slots(sandbox: int = 1) -> int:
@@ -61,7 +67,34 @@ def calibrate_task(config: dict, graph_dir: str, timing_root: str, out_dir: str,
 
 
 def stage_root(name: str) -> Path:
-    return Path("artifacts") / name
+    """`artifacts/<name>` under the working directory, as an absolute path: slices may run on
+    Dask workers started elsewhere (multi-node: the same path on a shared file system)."""
+    return Path("artifacts").resolve() / name
+
+
+def _most_slots() -> float | None:
+    """The most `slots` any worker of the flow's Dask cluster offers (None: not known)."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or not isinstance(ctx.task_runner, DaskTaskRunner):
+        return None
+    client = ctx.task_runner.client     # made (or connected) on first use; the slices then use it
+    workers = client.scheduler_info().get("workers", {})
+    slots = [w.get("resources", {}).get("slots", 0) for w in workers.values()]
+    return max(slots) if slots else None
+
+
+def _slots_per_slice(sandbox: int) -> float:
+    """S slots per slice, or a whole worker where none offers S (a served or default-runner flow
+    on a small machine, a remote worker started with fewer): a slice then runs alone on a
+    worker rather than waiting for ever for slots no worker has."""
+    most = _most_slots()
+    if most is not None and 0 < most < sandbox:
+        print(f"prism: no Dask worker offers {sandbox} slots (emulation.sandbox); slices take a whole worker "
+              f"({most:g} slots) each", file=sys.stderr)
+        return most
+    return sandbox
 
 
 def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -> dict:
@@ -71,12 +104,14 @@ def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -
     timing, documents = None, []
     for n in range(1, cfg.emulation.timing_passes + 1):
         _, jobs = slice_jobs(cfg, trace, Path(graph_dir), base / "timing", Path(timing) if timing else None)
-        with dask.annotate(resources={"slots": cfg.emulation.sandbox}):
+        with dask.annotate(resources={"slots": _slots_per_slice(cfg.emulation.sandbox)}):
             futures = [slice_task.submit(config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing)
                        for job in jobs]
-        wait(futures)    # every slice ends (or fails) before the flow reports; finished ones stay for a rerun
+        progress = Progress(f"timing pass {n}: slices", len(futures), echo=_echo)
+        for _ in as_completed(futures):   # every slice ends (or fails) before the flow reports
+            progress.step()
         for f in futures:
-            f.result()   # raises the first failed slice's error
+            f.result()   # raises the first failed slice's error; finished slices stay for a rerun
         document, timing = calibrate_task(config, graph_dir, str(base / "timing"), out, n, timing)
         documents.append(document)
     return finish_passes(Path(out), documents)
@@ -87,9 +122,10 @@ def calibrate_flow(config_path: str, overrides: list[str] | None = None, out_dir
                    root: str | None = None) -> dict:
     """collect (reused when unchanged) -> per pass: slices on Dask, calibration; returns metrics.json's content."""
     cfg = load_config(config_path, overrides or [])
-    base = Path(root) if root else stage_root(cfg.name)
+    base = Path(root).resolve() if root else stage_root(cfg.name)
     graph_dir = collect_task(cfg.name, config_to_dict(cfg), str(base / "collect"))
-    return time_and_calibrate(cfg, graph_dir, base, out_dir or str(base / "calibrate"))
+    out = str(Path(out_dir).resolve()) if out_dir else str(base / "calibrate")
+    return time_and_calibrate(cfg, graph_dir, base, out)
 
 
 def run_calibrate(config_path: str, overrides: list[str], out_dir: str | None, dask_address: str | None,

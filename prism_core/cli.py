@@ -13,7 +13,9 @@ from prism_core.launch import LaunchError
 from prism_core.cache import CacheError
 from prism_core.calibrate.timeline import CalibrationError
 from prism_core.collect.coordinator import CollectError
+from prism_core.collect.probe import StructureChanged
 from prism_core.metrics import MetricsError
+from prism_core.report.regression import RegressionError
 from prism_core.trace import TraceError
 
 
@@ -42,20 +44,35 @@ def _parser() -> argparse.ArgumentParser:
     emu = sub.add_parser("emulate", help="Stage 3: the ranks of interest real, every other rank replayed in "
                          "calibrated time (runs or reuses the earlier stages)")
     _add_common(emu)
-    run = sub.add_parser("run", help="the whole pipeline (collect, timing, calibrate, emulate) and its report")
+    run = sub.add_parser("run", help="the whole pipeline (collect, timing, calibrate, emulate), its report and a "
+                         "new version under artifacts/<name>/<n>/")
     _add_common(run)
-    for p in (emu, run):
+    rec = sub.add_parser("recalibrate", help="after a kernel change: check one rank's structure against the "
+                         "existing bare graph, then timing, calibration, emulation and report on it")
+    _add_common(rec)
+    for p in (run, rec):
+        p.add_argument("--check", action="store_true", help="fail when a rank of interest's iteration time or peak "
+                       "memory moved beyond report.max_*_change since the previous version")
+    for p in (emu, run, rec):
         p.add_argument("--dask-address", default=None, metavar="tcp://HOST:PORT",
                        help="run the slices on an existing Dask scheduler (default: a local cluster)")
+    serve = sub.add_parser("serve", help="register the nightly run with Prefect (cron from report.schedule) and "
+                           "run its schedule until interrupted")
+    serve.add_argument("config", type=Path, help="YAML job config (see configs/)")
+    serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key (as for run)")
+    serve.add_argument("--cron", default=None, help="cron expression (default: the config's report.schedule)")
+    serve.add_argument("--name", default=None, help="deployment name (default: <name>-nightly)")
     return parser
 
 
 def _emulate(cfg: PrismConfig, args) -> str:
     from flows.pipeline import REPORT, run_pipeline
 
-    report = args.command == "run"
-    out = args.out or Path("artifacts") / cfg.name / args.command
-    document = run_pipeline(str(args.config), args.overrides, str(out), args.dask_address, report=report)
+    report = args.command in ("run", "recalibrate")
+    out = args.out or Path("artifacts") / cfg.name / ("run" if report else args.command)
+    document = run_pipeline(str(args.config), args.overrides, str(out), args.dask_address, report=report,
+                            check=getattr(args, "check", False), recalibrate=args.command == "recalibrate")
     text = _summary(cfg, document, out)
     ranks = document["ranks"]
     text += "\npredicted by calibration: " + ", ".join(
@@ -66,6 +83,8 @@ def _emulate(cfg: PrismConfig, args) -> str:
                  f"{e['groups_in_job']} process groups instantiated")
     if report:
         text += f"\nreport: {out / REPORT}"
+    if "version" in document:
+        text += f"\nversion {document['version']['number']}: {document['version']['path']}"
     return text
 
 
@@ -139,15 +158,22 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm)  # so `finally` blocks stop the ranks
     try:
         cfg = load_config(args.config, args.overrides)
-        out = args.out or Path("artifacts") / cfg.name / args.command
+        out = getattr(args, "out", None) or Path("artifacts") / cfg.name / args.command
         if args.command == "collect":
             print(_collect(cfg, out, args.slots))
             return 0
         if args.command == "calibrate":
             print(_calibrate(cfg, args))
             return 0
-        if args.command in ("emulate", "run"):
+        if args.command in ("emulate", "run", "recalibrate"):
             print(_emulate(cfg, args))
+            return 0
+        if args.command == "serve":
+            from flows.nightly import serve_nightly
+
+            print(f"prism: serving {cfg.name}'s nightly run ({args.cron or cfg.report.schedule}); Ctrl-C stops",
+                  file=sys.stderr)
+            serve_nightly(str(args.config), args.overrides, args.cron, args.name)
             return 0
         from prism_core.record import RecordOptions, record
 
@@ -160,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, MetricsError) as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
-    except (TraceError, OSError, CollectError, CacheError, CalibrationError) as err:
+    except (TraceError, OSError, CollectError, CacheError, CalibrationError, RegressionError,
+            StructureChanged) as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated):

@@ -13,11 +13,12 @@ is dp / ep. `parallel.dp` may be left out; it is then derived from the world siz
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 BUILTIN_PROGRAMS = ("builtin:moe_gpt",)
 
@@ -104,12 +105,34 @@ class EmulationConfig(_Strict):
                                                        "collection; ops it holds are answered from it")
 
 
+_CRON_FIELD = r"[0-9A-Za-z*/,?#L-]+"
+
+
+class ReportConfig(_Strict):
+    schedule: str = Field("0 2 * * *", description="cron expression (five fields) of the nightly run `prism serve` registers; "
+                                      "default 02:00 every day")
+    max_iteration_time_change: float = Field(0.10, ge=0, description="a checked run (nightly) fails when a rank of "
+                                             "interest's iteration time moved by more than this fraction from the "
+                                             "previous version, either way (this machine's noise is ±5-10%)")
+    max_peak_memory_change: float = Field(0.0, ge=0, description="likewise for peak memory (exact, so 0: any "
+                                          "change of a byte fails)")
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        if not re.fullmatch(rf"{_CRON_FIELD}( {_CRON_FIELD}){{4}}", value.strip()):
+            raise ValueError(f"{value!r} is not a cron expression of five fields (minute hour day month weekday), "
+                             "e.g. '0 2 * * *' for 02:00 every day")
+        return value.strip()
+
+
 class PrismConfig(_Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="job name, used in artifact paths")
     job: JobConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     emulation: EmulationConfig = Field(default_factory=EmulationConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PrismConfig:

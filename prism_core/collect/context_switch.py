@@ -86,24 +86,31 @@ def collect_rules(cfg: PrismConfig, out_dir: Path, slots: int | None = None) -> 
     return _collect(cfg, out_dir, slots or cfg.emulation.slots, "rules")
 
 
-def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str) -> CollectResult:
+def collect_ranks(cfg: PrismConfig, out_dir: Path, ranks: list[int]) -> Trace:
+    """Only `ranks`, each alone against a fake world (rules mode), not expanded or matched across
+    ranks: a probe of their structure (`collect.probe`)."""
+    return _collect(cfg, out_dir, min(len(ranks), cfg.emulation.slots), "rules", only=sorted(ranks)).trace
+
+
+def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, only: list[int] | None = None
+             ) -> CollectResult:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for sub in ("results", "errors", "trace_parts", "flight", "logs"):
         shutil.rmtree(out_dir / sub, ignore_errors=True)
     config_path = out_dir / "config.json"
     write_json_atomic(config_path, config_to_dict(cfg))
-    ranks = _dedup_ranks(cfg) if mode == "rules" else None
+    ranks = only if only is not None else (_dedup_ranks(cfg) if mode == "rules" else None)
 
     sock_dir = Path(tempfile.mkdtemp(prefix="prism-collect-"))   # Unix socket paths must be short
     try:
-        return _collect_in(cfg, out_dir, slots, mode, ranks, sock_dir)
+        return _collect_in(cfg, out_dir, slots, mode, ranks, sock_dir, whole=only is None)
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: list[int] | None,
-                sock_dir: Path) -> CollectResult:
+                sock_dir: Path, whole: bool = True) -> CollectResult:
     world = cfg.job.world_size
     config_path = out_dir / "config.json"
     store, port = host_store(cfg.job.timeout_s)
@@ -174,6 +181,8 @@ def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: l
         del store
     wall = time.monotonic() - start
     trace = merge_parts(out_dir / "trace_parts", world, ranks)
+    if not whole:               # a probe of some ranks: nothing to expand, peers absent by design
+        return CollectResult(trace=trace, path=None, wall_s=time.monotonic() - start, switches=len(ranks))
     if ranks is not None:
         topo = Topology.from_config(cfg)
         trace = expand_replica(trace, topo)

@@ -24,7 +24,7 @@ _WORKLOAD_DIR = Path(__file__).resolve().parents[1] / "workloads"
 DONE = "collect.json"
 
 
-def _program_digest(cfg: PrismConfig) -> str:
+def program_digest(cfg: PrismConfig) -> str:
     h = hashlib.sha256()
     if cfg.job.is_builtin:
         name = cfg.job.program.split(":", 1)[1]
@@ -55,7 +55,7 @@ def input_key(cfg: PrismConfig) -> str:
     shaped = {"job": job, "model": cfg.model.model_dump(mode="json"), "parallel": cfg.parallel.model_dump(mode="json"),
               "collect_mode": cfg.emulation.collect_mode, "rules": list(cfg.emulation.rules),
               "dp_dedup": cfg.emulation.dp_dedup,
-              "program_source": _program_digest(cfg), "tensor_cache": _cache_digest(cfg),
+              "program_source": program_digest(cfg), "tensor_cache": _cache_digest(cfg),
               "schema": SCHEMA_VERSION}   # a graph of an older trace schema is collected again
     return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()[:16]
 

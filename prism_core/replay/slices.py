@@ -78,8 +78,12 @@ def _same_up_to_renaming(trace: Trace, source: np.ndarray) -> bool:
 
 def slice_key(graph_key: str, cfg: PrismConfig, sandbox: list[int]) -> str:
     """What a slice's measurements depend on beyond the bare graph: its ranks (slices run without the
-    device capacity, see `run_slice`)."""
-    shaped = {"graph": graph_key, "sandbox": sorted(sandbox), "warmup": cfg.job.warmup}
+    device capacity, see `run_slice`) and the program's source, which a re-calibration changes
+    while it keeps the graph."""
+    from prism_core.collect.stage import program_digest
+
+    shaped = {"graph": graph_key, "sandbox": sorted(sandbox), "warmup": cfg.job.warmup,
+              "program": program_digest(cfg)}
     return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -40,13 +40,16 @@ class Recorder:
         self._mark = _now()
         self._last_issue: int | None = None   # index of the comm node if it is the latest point
         self._seq: dict[tuple, int] = defaultdict(int)
-        self.memory = None   # object with peak_bytes() / reset_peak(), when memory is tracked
+        self.memory = None   # object with peak_bytes() / reset_peak() / current_bytes(), when memory is tracked
+        self.live: list[tuple[int, int]] = []   # (compute node, live tensor bytes at its end): the memory plot
         self.flight = None   # trace.flight.Flight, when the launcher watches this rank
 
     # -- points ------------------------------------------------------------------------------
     def _close_compute(self, now: float) -> None:
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, 0, 0, self._mark, now])
+        if self.memory is not None:
+            self.live.append((len(self.rows) - 1, self.memory.current_bytes()))
         self._mark = now
         self._last_issue = None
 
@@ -159,7 +162,10 @@ class Recorder:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{self.rank}.npz"
         tmp = directory / f".{self.rank}.{os.getpid()}.tmp.npz"
-        np.savez(tmp, tables=np.frombuffer(json.dumps(self.tables()).encode(), dtype=np.uint8), **self.columns())
+        columns = self.columns()           # closes the last compute node (and samples it)
+        live = np.asarray(self.live, dtype=np.int64).reshape(-1, 2)
+        np.savez(tmp, tables=np.frombuffer(json.dumps(self.tables()).encode(), dtype=np.uint8), **columns,
+                 live_node=live[:, 0], live_bytes=live[:, 1])
         os.replace(tmp, path)
         return path
 

@@ -28,7 +28,9 @@ def test_run_emulates_a_pipelining_script_and_reports(prefect_server, tmp_path):
     out = tmp_path / "run"
     doc = run_pipeline(str(config), [], str(out), None, root=str(tmp_path / "stages"))
     assert doc["mode"] == "emulated" and set(doc["ranks"]) == {"1"}
+    version = doc.pop("version")
     assert json.loads((out / "metrics.json").read_text()) == doc
+    assert version["number"] == 1 and (Path(version["path"]) / "report.md").is_file()
     assert doc["ranks"]["1"]["iteration_time_s"] > 0 and doc["ranks"]["1"]["peak_memory_bytes"] > 0
     report = (out / REPORT).read_text()
     assert "| 1 |" in report and "virtual ranks: 1" in report

@@ -66,6 +66,10 @@ class FakeMemory:
     def reset_peak(self) -> None:
         self.resets += 1
 
+    def current_bytes(self) -> int:
+        """What the memory plot samples: here the step's peak, a known value per step."""
+        return self.peaks[min(self.resets, len(self.peaks) - 1)]
+
 
 def reference_job(world_size: int = 4, pair_first: frozenset[int] = frozenset({2, 3}), nbytes: int = 4096,
                   preregister: dict[int, list[str]] | None = None, memory: bool = False) -> list[Recorder]:

@@ -141,6 +141,24 @@ def test_iteration_end_reads_and_resets_peak_memory():
     assert rec.step_peaks == [111, 222] and rec.memory.resets == 2
 
 
+def test_live_bytes_are_sampled_at_every_compute_nodes_end(tmp_path):
+    import numpy as np
+
+    rec = Recorder(0)
+    rec.memory = FakeMemory([10, 20, 30])
+    blocking(rec, "allreduce", "world", WORLD, 8)     # closes a compute node first
+    rec.iteration_end()
+    blocking(rec, "allreduce", "world", WORLD, 8)
+    rec.iteration_end()
+    with np.load(rec.write_part(tmp_path)) as part:
+        compute = np.nonzero(part["kind"] == 0)[0]
+        assert part["live_node"].tolist() == compute.tolist()
+        assert part["live_bytes"].tolist() == [10, 10, 20, 20, 30]
+    plain = Recorder(1)                                 # no memory counter: no samples, same file layout
+    with np.load(plain.write_part(tmp_path)) as part:
+        assert part["live_node"].size == 0 and part["live_bytes"].size == 0
+
+
 def test_seq_counts_per_group_for_collectives():
     rec = Recorder(0)
     tp = (0, 1)
