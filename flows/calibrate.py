@@ -21,10 +21,10 @@ from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
 from flows.artifacts import Progress
-from flows.collect import collect_task
+from flows.collect import collect_stage, stage_key, unfinished
 from prism_core.calibrate.stage import calibrate_pass, finish_passes, slice_jobs
 from prism_core.config import PrismConfig, config_from_dict, config_to_dict, load_config
-from prism_core.replay.slices import run_slice
+from prism_core.replay.slices import SLICE_DONE, run_slice
 from prism_core.trace import STORE_NAME, load_trace
 
 logging.getLogger("distributed").setLevel(logging.WARNING)   # Dask's own chatter; Prefect logs the slices
@@ -48,7 +48,12 @@ def task_runner(dask_address: str | None = None, sandbox: int = 1) -> DaskTaskRu
                                           "local_directory": str(Path(tempfile.gettempdir()) / "prism-dask")})
 
 
-@task(name="time-slice", task_run_name="pass {timing_pass} slice {index}: ranks {sandbox}")
+def _slice_cache_key(context, parameters: dict) -> str:
+    return stage_key("slice", Path(parameters["directory"]))
+
+
+@task(name="time-slice", task_run_name="pass {timing_pass} slice {index}: ranks {sandbox}",
+      cache_key_fn=_slice_cache_key)
 def slice_task(config: dict, graph_dir: str, timing_pass: int, index: int, sandbox: list[int], directory: str,
                timing: str | None) -> str:
     """Run one slice (sandbox ranks real, the rest replayed), or reuse it if it already finished."""
@@ -105,8 +110,8 @@ def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -
     for n in range(1, cfg.emulation.timing_passes + 1):
         _, jobs = slice_jobs(cfg, trace, Path(graph_dir), base / "timing", Path(timing) if timing else None)
         with dask.annotate(resources={"slots": _slots_per_slice(cfg.emulation.sandbox)}):
-            futures = [slice_task.submit(config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing)
-                       for job in jobs]
+            futures = [slice_task.with_options(refresh_cache=unfinished(job.directory, SLICE_DONE)).submit(
+                config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing) for job in jobs]
         progress = Progress(f"timing pass {n}: slices", len(futures), echo=_echo)
         for _ in as_completed(futures):   # every slice ends (or fails) before the flow reports
             progress.step()
@@ -123,7 +128,7 @@ def calibrate_flow(config_path: str, overrides: list[str] | None = None, out_dir
     """collect (reused when unchanged) -> per pass: slices on Dask, calibration; returns metrics.json's content."""
     cfg = load_config(config_path, overrides or [])
     base = Path(root).resolve() if root else stage_root(cfg.name)
-    graph_dir = collect_task(cfg.name, config_to_dict(cfg), str(base / "collect"))
+    graph_dir = collect_stage(cfg.name, config_to_dict(cfg), str(base / "collect"))
     out = str(Path(out_dir).resolve()) if out_dir else str(base / "calibrate")
     return time_and_calibrate(cfg, graph_dir, base, out)
 

@@ -17,7 +17,7 @@ from prefect import flow, task
 
 from flows.artifacts import mirror
 from flows.calibrate import stage_root, task_runner, time_and_calibrate
-from flows.collect import collect_task
+from flows.collect import collect_stage
 from prism_core.collect.probe import existing_graph, probe, require_unchanged
 from prism_core.config import PrismConfig, config_from_dict, config_to_dict, load_config
 from prism_core.emulate.stage import emulate
@@ -75,7 +75,7 @@ def _pipeline(config_path: str, overrides: list[str] | None, out_dir: str | None
     cfg = load_config(config_path, overrides or [])
     base = Path(root).resolve() if root else stage_root(cfg.name)
     out = Path(out_dir).resolve() if out_dir else base / ("run" if report else "emulate")
-    graph_dir = collect_task(cfg.name, config_to_dict(cfg), str(base / "collect"))
+    graph_dir = collect_stage(cfg.name, config_to_dict(cfg), str(base / "collect"))
     return _after_graph(cfg, graph_dir, base, out, report, check)
 
 
