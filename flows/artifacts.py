@@ -5,6 +5,7 @@ to the version's directory; and progress artifacts for long stages."""
 from __future__ import annotations
 
 import re
+import sys
 
 from prefect.artifacts import (
     create_link_artifact, create_markdown_artifact, create_progress_artifact, create_table_artifact,
@@ -34,16 +35,29 @@ def mirror(job: str, published: Published, emulated: dict) -> None:
                          link_text=f"{job} version {v.number}", description=f"{v.path}")
 
 
+def echo(line: str) -> None:
+    """A progress line on the terminal (stderr, beside Prefect's log lines)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _in_a_run() -> bool:
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
 class Progress:
     """A Prefect progress artifact (when inside a flow run) and a line on the terminal."""
 
     def __init__(self, what: str, total: int, echo=None):
         self.what, self.total, self.done = what, max(total, 1), 0
         self.echo = echo
-        try:
-            self.id = create_progress_artifact(progress=0.0, description=what)
-        except Exception:  # noqa: BLE001 - outside a flow run (or no API): the terminal line only
-            self.id = None
+        self.id = None
+        if _in_a_run():     # outside one, an artifact would start a temporary server for nothing
+            try:
+                self.id = create_progress_artifact(progress=0.0, description=what)
+            except Exception:  # noqa: BLE001 - no API reachable: the terminal line only
+                self.id = None
         self._show()
 
     def step(self, n: int = 1) -> None:

@@ -20,7 +20,7 @@ from prefect import flow, task
 from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
-from flows.artifacts import Progress
+from flows.artifacts import Progress, echo
 from flows.collect import collect_stage, stage_key, unfinished
 from prism_core.calibrate.stage import calibrate_pass, finish_passes, slice_jobs
 from prism_core.config import PrismConfig, config_from_dict, config_to_dict, load_config
@@ -28,10 +28,6 @@ from prism_core.replay.slices import SLICE_DONE, run_slice
 from prism_core.trace import STORE_NAME, load_trace
 
 logging.getLogger("distributed").setLevel(logging.WARNING)   # Dask's own chatter; Prefect logs the slices
-
-
-def _echo(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def local_slots(sandbox: int = 1) -> int:
@@ -112,7 +108,7 @@ def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -
         with dask.annotate(resources={"slots": _slots_per_slice(cfg.emulation.sandbox)}):
             futures = [slice_task.with_options(refresh_cache=unfinished(job.directory, SLICE_DONE)).submit(
                 config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing) for job in jobs]
-        progress = Progress(f"timing pass {n}: slices", len(futures), echo=_echo)
+        progress = Progress(f"timing pass {n}: slices", len(futures), echo=echo)
         for _ in as_completed(futures):   # every slice ends (or fails) before the flow reports
             progress.step()
         for f in futures:

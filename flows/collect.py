@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
+from flows.artifacts import Progress, echo
 from prism_core.collect.stage import DONE, collect, input_key
 from prism_core.config import config_from_dict, config_to_dict, load_config
 
@@ -33,7 +34,14 @@ def _collect_cache_key(context, parameters: dict) -> str:
 @task(name="collect-bare-graph", task_run_name="collect {name}", cache_key_fn=_collect_cache_key)
 def collect_task(name: str, config: dict, root: str, slots: int | None = None) -> str:
     """The bare graph's directory (`<root>/<input hash>/`); reused when the inputs are unchanged."""
-    return str(collect(config_from_dict(config), Path(root), slots).directory)
+    bar: list[Progress] = []
+
+    def progress(done: int, total: int) -> None:
+        if not bar:
+            bar.append(Progress(f"collect {name}: ranks", total, echo=echo))
+        bar[0].step(done - bar[0].done)
+
+    return str(collect(config_from_dict(config), Path(root), slots, progress).directory)
 
 
 def collect_stage(name: str, config: dict, root: str, slots: int | None = None) -> str:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,14 +77,19 @@ def _dedup_ranks(cfg: PrismConfig) -> list[int] | None:
     return sorted(Topology.from_config(cfg).replica_ranks(0))
 
 
-def collect_context_switch(cfg: PrismConfig, out_dir: Path, slots: int | None = None) -> CollectResult:
+Progress = Callable[[int, int], None]   # (ranks whose graph is in, ranks to collect)
+
+
+def collect_context_switch(cfg: PrismConfig, out_dir: Path, slots: int | None = None,
+                           progress: Progress | None = None) -> CollectResult:
     """Every rank real, K at a time, collectives on the CPU (paper §5.2)."""
-    return _collect(cfg, out_dir, slots or cfg.emulation.slots, "context_switch")
+    return _collect(cfg, out_dir, slots or cfg.emulation.slots, "context_switch", progress=progress)
 
 
-def collect_rules(cfg: PrismConfig, out_dir: Path, slots: int | None = None) -> CollectResult:
+def collect_rules(cfg: PrismConfig, out_dir: Path, slots: int | None = None,
+                  progress: Progress | None = None) -> CollectResult:
     """Every collected rank alone against a fake world, K at a time; one DP replica, then expanded."""
-    return _collect(cfg, out_dir, slots or cfg.emulation.slots, "rules")
+    return _collect(cfg, out_dir, slots or cfg.emulation.slots, "rules", progress=progress)
 
 
 def collect_ranks(cfg: PrismConfig, out_dir: Path, ranks: list[int]) -> Trace:
@@ -92,8 +98,8 @@ def collect_ranks(cfg: PrismConfig, out_dir: Path, ranks: list[int]) -> Trace:
     return _collect(cfg, out_dir, min(len(ranks), cfg.emulation.slots), "rules", only=sorted(ranks)).trace
 
 
-def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, only: list[int] | None = None
-             ) -> CollectResult:
+def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, only: list[int] | None = None,
+             progress: Progress | None = None) -> CollectResult:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for sub in ("results", "errors", "trace_parts", "flight", "logs"):
@@ -104,13 +110,13 @@ def _collect(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, only: list[
 
     sock_dir = Path(tempfile.mkdtemp(prefix="prism-collect-"))   # Unix socket paths must be short
     try:
-        return _collect_in(cfg, out_dir, slots, mode, ranks, sock_dir, whole=only is None)
+        return _collect_in(cfg, out_dir, slots, mode, ranks, sock_dir, whole=only is None, progress=progress)
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: list[int] | None,
-                sock_dir: Path, whole: bool = True) -> CollectResult:
+                sock_dir: Path, whole: bool = True, progress: Progress | None = None) -> CollectResult:
     world = cfg.job.world_size
     config_path = out_dir / "config.json"
     store, port = host_store(cfg.job.timeout_s)
@@ -144,11 +150,20 @@ def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: l
             coordinator.close()
         raise
 
+    total, done = len(ranks) if ranks is not None else world, [-1]
+
     def alive() -> None:
         if zygote.poll() not in (None, 0) or (out_dir / "errors").is_dir() and any((out_dir / "errors").iterdir()):
             time.sleep(0.2)
             raise CollectError(_first_error(out_dir) or f"the zygote exited with status {zygote.returncode}; "
                                f"see {out_dir / 'zygote.log'}")
+        if progress is not None:     # a rank's graph is in once its trace part is written
+            parts = out_dir / "trace_parts"
+            n = sum(1 for p in parts.iterdir() if p.suffix == ".npz" and not p.name.startswith(".")) \
+                if parts.is_dir() else 0
+            if n != done[0]:
+                done[0] = n
+                progress(n, total)
 
     try:
         if coordinator is not None:

@@ -70,15 +70,16 @@ class CollectOutput:
     switches: int | None = None
 
 
-def collect(cfg: PrismConfig, root: Path, slots: int | None = None) -> CollectOutput:
-    """The bare graph of `cfg`'s job under `root/<input hash>/`, collected now or reused."""
+def collect(cfg: PrismConfig, root: Path, slots: int | None = None, progress=None) -> CollectOutput:
+    """The bare graph of `cfg`'s job under `root/<input hash>/`, collected now or reused.
+    `progress(done, total)`: called as ranks' graphs come in."""
     key = input_key(cfg)
     directory = Path(root) / key
     done = directory / DONE
     if done.is_file() and (directory / STORE_NAME).is_dir():
         return CollectOutput(directory, key, True, load_trace(directory / STORE_NAME))
     run = collect_rules if cfg.emulation.collect_mode == "rules" else collect_context_switch
-    result = run(cfg, directory, slots=slots)
+    result = run(cfg, directory, slots=slots, progress=progress)
     write_json_atomic(done, {"key": key, "world_size": cfg.job.world_size, "slots": slots or cfg.emulation.slots,
                              "wall_s": result.wall_s, "switches": result.switches,
                              "nodes": int(result.trace.offsets[-1])})

@@ -13,9 +13,11 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.timeout(300)
-def test_collect_task_reuses_unchanged_inputs(tmp_path):
+def test_collect_task_reuses_unchanged_inputs(tmp_path, capsys):
     cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=3"])
     first = collect_task.fn(cfg.name, cfg.model_dump(mode="json"), str(tmp_path), 2)
+    shown = capsys.readouterr().err     # progress as the ranks' graphs come in
+    assert f"collect {cfg.name}: ranks: [" in shown and "] 2/2" in shown
     stamp = (Path(first) / "collect.json").stat().st_mtime_ns
     again = collect_task.fn(cfg.name, cfg.model_dump(mode="json"), str(tmp_path), 1)
     assert again == first and (Path(first) / "collect.json").stat().st_mtime_ns == stamp
