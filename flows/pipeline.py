@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from flows.artifacts import mirror
+from flows.artifacts import Progress, echo, mirror
 from flows.calibrate import stage_root, task_runner, time_and_calibrate
 from flows.collect import collect_stage
 from prism_core.collect.probe import existing_graph, probe, require_unchanged
@@ -29,7 +29,10 @@ from prism_core.report.publish import REPORT, publish_run, raise_on_regression  
 def emulate_task(config: dict, graph_dir: str, timeline: str, out_dir: str, predicted: dict,
                  ranks: list[int]) -> dict:
     """The ranks of interest real, every other rank replayed in calibrated time; metrics.json's content."""
-    return emulate(config_from_dict(config), Path(graph_dir), Path(timeline), Path(out_dir), predicted)
+    cfg = config_from_dict(config)
+    bar = Progress(f"emulation of ranks {ranks}: steps", cfg.job.iterations, echo=echo)
+    return emulate(cfg, Path(graph_dir), Path(timeline), Path(out_dir), predicted,
+                   progress=lambda done: bar.step(done - bar.done))
 
 
 @task(name="report")

@@ -23,11 +23,12 @@ STATS = ("virtual_ranks", "groups_in_job", "groups_instantiated", "gloo_groups",
 
 
 def emulate(cfg: PrismConfig, graph_dir: Path, timeline: Path, out_dir: Path,
-            predicted: dict | None = None) -> dict:
+            predicted: dict | None = None, progress=None) -> dict:
     """Run the emulation; write `out_dir/metrics.json` (ranks of interest, mode "emulated") and return it.
 
     `timeline`: the calibrated `timeline.npz` of this graph; `predicted`: the calibration's
-    metrics, whose figure for each rank of interest is kept beside the emulated one.
+    metrics, whose figure for each rank of interest is kept beside the emulated one;
+    `progress(steps)`: called as the steps every rank of interest has completed grow.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -35,7 +36,7 @@ def emulate(cfg: PrismConfig, graph_dir: Path, timeline: Path, out_dir: Path,
     ranks = sorted(cfg.emulation.ranks_of_interest)
     warmup = cfg.job.warmup
     try:
-        results = run_with_assistant(cfg, graph_dir, ranks, out_dir, Path(timeline))
+        results = run_with_assistant(cfg, graph_dir, ranks, out_dir, Path(timeline), progress=progress)
         document = metrics_document("emulated", cfg.job.world_size, {
             r: rank_metrics(r, res["step_times_s"], warmup, result_peak(res, warmup)) for r, res in results.items()})
     except LaunchError as err:

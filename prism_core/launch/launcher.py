@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class LaunchSpec:
     echo_rank: int | None = None  # stream this rank's output to our stdout, as progress
     ranks: list[int] | None = None  # the ranks to start (a slice's sandbox); None: all of the world
     helper: list[str] | None = None  # argv of one more process in the job (the replay assistant)
+    progress: Callable[[int], None] | None = None  # called with the steps every started rank has done
 
     @property
     def started_ranks(self) -> list[int]:
@@ -58,6 +60,25 @@ class LaunchSpec:
 
 
 HELPER = "assistant"
+
+
+class _StepWatch:
+    """Reports the optimizer steps all started ranks have completed, as they grow."""
+
+    def __init__(self, spec: LaunchSpec):
+        self.spec, self.done = spec, -1
+
+    def check(self) -> None:
+        if self.spec.progress is None:
+            return
+        ranks = self.spec.started_ranks
+        from prism_core.trace.flight import read_steps
+
+        steps = read_steps(self.spec.run_dir / "flight", ranks)
+        done = min(steps.values()) if len(steps) == len(ranks) else 0
+        if done != self.done:
+            self.done = done
+            self.spec.progress(done)
 
 
 def _store_backend() -> dict:
@@ -338,9 +359,11 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
         job.start(port)
         deadline = time.monotonic() + spec.timeout_s
         watch = _MismatchWatch(spec)
+        steps = _StepWatch(spec)
         while True:
             codes = {r: p.poll() for r, p in job.ranks.items()}
             echo.pump()
+            steps.check()
             failed = {r: c for r, c in codes.items() if c not in (None, 0)}
             if failed:
                 err = _first_failure(job, failed)

@@ -113,11 +113,12 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
 
 
 def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
-                       timing: Path | None = None) -> dict[int, dict]:
+                       timing: Path | None = None, progress=None) -> dict[int, dict]:
     """Launch the sandbox ranks (the real program, instrumented as in `prism record`) and the replay
     assistant for every other rank; return each sandbox rank's result or raise `LaunchError`.
 
     Used by the slices (structure only, or a refining pass) and by the emulation (calibrated time).
+    `progress(steps)`: called as the steps every sandbox rank has completed grow.
     """
     out_dir = Path(out_dir)
     for sub in ("results", "errors", "trace_parts", "flight", "logs", "replay"):
@@ -139,5 +140,5 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--timing", str(timing)]
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
-                      helper=helper)
+                      helper=helper, progress=progress)
     return launch(spec)

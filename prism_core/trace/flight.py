@@ -19,7 +19,7 @@ from prism_core.trace.schema import OPS
 
 IDLE, ISSUING, WAITING = 0, 1, 2
 _STATE_NAMES = {ISSUING: "is issuing", WAITING: "waits in"}
-_FIELDS = 6  # state, op, group, seq, bytes, peer
+_FIELDS = 7  # state, op, group, seq, bytes, peer, optimizer steps done
 
 
 class Flight:
@@ -27,10 +27,14 @@ class Flight:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory, self.rank = directory, rank
         self.mm = np.memmap(directory / f"{rank}.bin", dtype=np.int64, mode="w+", shape=(_FIELDS,))
-        self.mm[:] = (IDLE, 0, -1, -1, 0, -1)
+        self.mm[:] = (IDLE, 0, -1, -1, 0, -1, 0)
 
     def set(self, state: int, op: int, group: int, seq: int, nbytes: int, peer: int) -> None:
-        self.mm[:] = (state, op, group, seq, nbytes, peer)
+        self.mm[:6] = (state, op, group, seq, nbytes, peer)
+
+    def step(self, done: int) -> None:
+        """Optimizer steps this rank has completed (progress, read from outside)."""
+        self.mm[6] = done
 
     def idle(self) -> None:
         self.mm[0] = IDLE
@@ -48,13 +52,27 @@ def read_flights(directory: Path, world_size: int) -> dict[int, dict]:
     for rank in range(world_size):
         path = directory / f"{rank}.bin"
         try:
-            state, op, group, seq, nbytes, peer = (int(v) for v in np.fromfile(path, dtype=np.int64, count=_FIELDS))
+            state, op, group, seq, nbytes, peer, _ = (int(v) for v in np.fromfile(path, dtype=np.int64,
+                                                                                  count=_FIELDS))
             groups = json.loads((directory / f"{rank}.groups.json").read_text())
         except (OSError, ValueError):
             continue
         if state in _STATE_NAMES and 0 <= group < len(groups):
             out[rank] = {"state": state, "op": OPS[op], "group": tuple(groups[group]), "seq": seq, "bytes": nbytes,
                          "peer": peer}
+    return out
+
+
+def read_steps(directory: Path, ranks: list[int]) -> dict[int, int]:
+    """Optimizer steps each rank has completed, for the ranks whose record is there."""
+    out = {}
+    for rank in ranks:
+        try:
+            values = np.fromfile(directory / f"{rank}.bin", dtype=np.int64, count=_FIELDS)
+        except OSError:
+            continue
+        if len(values) == _FIELDS:
+            out[rank] = int(values[6])
     return out
 
 

@@ -71,6 +71,8 @@ class Recorder:
         else:
             self.step_peaks.append(None)
         self.step += 1
+        if self.flight is not None:
+            self.flight.step(self.step)
 
     # -- communication -----------------------------------------------------------------------
     def group_id(self, name: str, ranks: tuple[int, ...]) -> int:

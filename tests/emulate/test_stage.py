@@ -42,8 +42,11 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(tmp_path):
     cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1",
                                                            "emulation.ranks_of_interest=1"])
     graph, predicted = _calibrated(cfg, tmp_path)
-    doc = emulate(cfg, graph.directory, tmp_path / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted)
+    steps: list[int] = []
+    doc = emulate(cfg, graph.directory, tmp_path / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted,
+                  progress=steps.append)
     assert doc["mode"] == "emulated" and doc["world_size"] == 2 and set(doc["ranks"]) == {"1"}
+    assert steps == sorted(set(steps)) and steps[-1] == cfg.job.iterations   # progress, step by step
     assert json.loads((tmp_path / "emulate" / "metrics.json").read_text()) == doc
     entry = doc["ranks"]["1"]
     assert len(entry["step_times_s"]) == cfg.job.iterations - cfg.job.warmup

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prism_core.trace.flight import IDLE, ISSUING, WAITING, Flight, explain, read_flights
+from prism_core.trace.flight import IDLE, ISSUING, WAITING, Flight, explain, read_flights, read_steps
 from prism_core.trace.recorder import Recorder
 from prism_core.trace.schema import OP_CODE
 
@@ -78,3 +78,12 @@ def test_recorder_drives_the_flight(tmp_path):
     rec.issued(idx)
     rec.wait_begin(idx, blocking=True)
     assert explain(read_flights(flights_dir, 2)) == "rank 1 waits in send with rank 3 #0 of group [1, 3] (16 B)"
+
+
+def test_steps_are_read_from_outside(tmp_path):
+    a, b = Flight(tmp_path, 0), Flight(tmp_path, 1)
+    a.step(3)
+    a.set(1, 0, 0, 5, 8, -1)            # an op update keeps the step count
+    assert read_steps(tmp_path, [0, 1, 2]) == {0: 3, 1: 0}
+    b.step(1)
+    assert read_steps(tmp_path, [0, 1]) == {0: 3, 1: 1}
