@@ -61,6 +61,8 @@ class Progress:
         self._show()
 
     def step(self, n: int = 1) -> None:
+        if n <= 0:
+            return
         self.done = min(self.total, self.done + n)
         if self.id is not None:
             update_progress_artifact(self.id, progress=100.0 * self.done / self.total)

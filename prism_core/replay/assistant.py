@@ -181,6 +181,7 @@ class Assistant:
         self.ring = ring_nodes(trace)
         self.prunable, self.with_barrier, self.with_ring = _prunable_groups(trace, self.real_groups, self.ring)
         self.rings: dict[int, _RingOp] = {}      # op id -> ring all-reduce in progress
+        self._positions: dict[int, frozenset[int]] = {}   # group -> its sandbox ranks' positions
         self._shapes: dict[int, object] = {}
         self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
         self.moves: list = []                    # barrier tokens in flight (the run ends after them)
@@ -254,7 +255,10 @@ class Assistant:
         return [members[p] for p in sorted(needed) if members[p] not in self.sandbox]
 
     def _sandbox_positions(self, g: int) -> frozenset[int]:
-        return frozenset(p for p, r in enumerate(self.trace.groups[g]) if r in self.sandbox)
+        found = self._positions.get(g)
+        if found is None:
+            found = self._positions[g] = frozenset(p for p, r in enumerate(self.trace.groups[g]) if r in self.sandbox)
+        return found
 
     def _ring_neighbours(self, g: int) -> set[int]:
         from prism_core.replay.ring import ring_neighbours
