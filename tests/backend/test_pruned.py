@@ -50,20 +50,25 @@ def test_full_ring_allreduce_is_the_reduction(case):
     assert len(traffic) == 2 * (k - 1) * k        # every rank sends once per step of both phases
 
 
+def _matches_the_full_ring(k, sandbox, outputs, traffic, full, full_traffic, what=""):
+    """Each sandbox rank: the full ring's output to the bit and its bytes per step; only sandbox
+    ranks and their ring neighbours on the wire, every message touching a sandbox rank."""
+    assert set(outputs) == sandbox
+    for i in sandbox:
+        assert torch.equal(outputs[i], full[i]), f"rank {i} of {k}, sandbox {sorted(sandbox)} {what}"
+        assert traffic_of(traffic, i) == traffic_of(full_traffic, i)
+    members = ring_members(k, sandbox)
+    assert all(src in members and dst in members and (src in sandbox or dst in sandbox)
+               for (_, _, src, dst) in traffic)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(cases(), cases(integers=False)))
 def test_pruned_ring_gives_each_sandbox_rank_the_full_result_with_the_same_traffic(case):
     k, sandbox, inputs, op = case
     full_out, full_traffic = ring_allreduce(inputs, op)
     outputs, traffic = ring_allreduce_pruned(k, sandbox, inputs, op)
-    assert set(outputs) == sandbox
-    for i in sandbox:
-        assert torch.equal(outputs[i], full_out[i]), f"rank {i} of {k}, sandbox {sorted(sandbox)}, {op}"
-        assert traffic_of(traffic, i) == traffic_of(full_traffic, i)
-    # only sandbox ranks and their ring neighbours exist, and every message touches a sandbox rank
-    members = ring_members(k, sandbox)
-    assert all(src in members and dst in members and (src in sandbox or dst in sandbox)
-               for (_, _, src, dst) in traffic)
+    _matches_the_full_ring(k, sandbox, outputs, traffic, full_out, full_traffic, op)
 
 
 def test_pruned_ring_keeps_only_neighbours():
@@ -125,13 +130,7 @@ def test_pruned_all_gather_gives_each_sandbox_rank_every_block_with_the_same_tra
     assert all(torch.equal(full[i], expected) for i in range(k))
     assert len(full_traffic) == (k - 1) * k
     outputs, traffic = ring_allgather(inputs, sandbox)
-    assert set(outputs) == sandbox
-    for i in sandbox:
-        assert torch.equal(outputs[i], expected)
-        assert traffic_of(traffic, i) == traffic_of(full_traffic, i)
-    members = ring_members(k, sandbox)
-    assert all(src in members and dst in members and (src in sandbox or dst in sandbox)
-               for (_, _, src, dst) in traffic)
+    _matches_the_full_ring(k, sandbox, outputs, traffic, full, full_traffic)
 
 
 @settings(max_examples=300, deadline=None)
@@ -147,13 +146,7 @@ def test_pruned_reduce_scatter_gives_each_sandbox_rank_the_full_rings_block_with
         reduced = _full_result(inputs, op)
         assert all(torch.equal(full[i], reduced[i * n:(i + 1) * n]) for i in range(k))
     outputs, traffic = ring_reduce_scatter(inputs, op, sandbox)
-    assert set(outputs) == sandbox
-    for i in sandbox:
-        assert torch.equal(outputs[i], full[i]), f"rank {i} of {k}, sandbox {sorted(sandbox)}, {op}"
-        assert traffic_of(traffic, i) == traffic_of(full_traffic, i)
-    members = ring_members(k, sandbox)
-    assert all(src in members and dst in members and (src in sandbox or dst in sandbox)
-               for (_, _, src, dst) in traffic)
+    _matches_the_full_ring(k, sandbox, outputs, traffic, full, full_traffic, op)
 
 
 def test_which_ops_run_as_a_ring_is_decided_from_what_the_graph_records():
