@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dask
 from prefect import flow, task
-from prefect.futures import as_completed
+from prefect.futures import as_completed, wait
 from prefect_dask import DaskTaskRunner
 
 from flows.artifacts import Progress, echo
@@ -109,8 +109,15 @@ def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -
             futures = [slice_task.with_options(refresh_cache=unfinished(job.directory, SLICE_DONE)).submit(
                 config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing) for job in jobs]
         progress = Progress(f"timing pass {n}: slices", len(futures), echo=echo)
-        for _ in as_completed(futures):   # every slice ends (or fails) before the flow reports
-            progress.step()
+        try:
+            for _ in as_completed(futures):   # every slice ends (or fails) before the flow reports
+                progress.step()
+        except BaseException:
+            # interrupted (Ctrl-C, SIGTERM: the ranks are already stopped): let every slice task end
+            # and report while this run's Prefect server is still up; a task reporting after it
+            # stopped would start a temporary server of its own, left behind once we exit
+            wait(futures, timeout=60)
+            raise
         for f in futures:
             f.result()   # raises the first failed slice's error; finished slices stay for a rerun
         document, timing = calibrate_task(config, graph_dir, str(base / "timing"), out, n, timing)
