@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import signal
 import statistics
 import sys
@@ -151,6 +152,26 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
+def _reap_children() -> None:
+    """At exit, stop any child process still running. Registered before Prefect's own exit hook,
+    so it runs after it: a Prefect client that reports once the run's temporary server is gone
+    (a slice task ending after a SIGTERM) starts another server, which must not outlive us."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     global _stopping
     args = _parser().parse_args(argv)
@@ -201,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_exit() -> None:
+    atexit.register(_reap_children)
     sys.exit(main())
 
 
