@@ -4,7 +4,10 @@ Every op c10d routes to a backend arrives here under its Python name (measured o
 `allreduce`, `broadcast`, `allgather`, `all_gather_single(_coalesced)`, `reduce_scatter`,
 `reduce_scatter_single(_coalesced)`, `all_to_all_single`, `alltoall`, `send`, `recv`,
 `barrier`, `scatter`, `gather`, `reduce`), is recorded when a trace recorder is active, and
-is forwarded to an inner ProcessGroupGloo that does the real transfer. The returned work wraps
+is forwarded to an inner ProcessGroupGloo that does the real transfer: in real runs all-reduce,
+all-gather and reduce-scatter run as rings (`ring`), broadcast, reduce and small all-reduces as
+trees (`tree`), the barrier as a tree token, over gloo's point-to-point links, so that a replay
+can prune them to a rank of interest's neighbours; the rest is gloo's. The returned work wraps
 gloo's so that completion (gloo's future callback for collectives, the wait for p2p) and the
 program's `wait()` are timed. An op prism cannot serve raises an error naming it.
 """
@@ -20,7 +23,8 @@ import torch
 import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
-from prism_core.backend.pruned import BARRIER_TAG, ring_algorithm, tree_children, tree_parent
+from prism_core.backend.pruned import BARRIER_TAG, ring_algorithm, tree_algorithm, tree_children, tree_parent
+from prism_core.backend.tree import tree_allreduce_inplace, tree_broadcast_inplace, tree_reduce_inplace
 from prism_core.backend.ring import (
     RingRunner, ring_allgather_inplace, ring_allreduce_inplace, ring_reduce_scatter_inplace,
 )
@@ -204,18 +208,33 @@ class PrismProcessGroup(dist.ProcessGroup):
             self._ring = RingRunner(self._name)
         return self._ring.submit(run, result)
 
-    def _allreduce(self, tensors, opts):
-        t = tensors[0]
-        if len(tensors) != 1 or self._ring_for("allreduce", t, opts.reduceOp) is None:
-            return self._inner.allreduce(tensors, opts)
-        me, k, op, inner = self.rank(), self.size(), reduce_name(opts.reduceOp), self._inner
+    def _tree_for(self, op: str, t: torch.Tensor, reduce=None) -> str | None:
+        """The tree `op` runs as on input `t`, or None (`pruned.tree_algorithm`)."""
+        if not self._gloo or t.is_sparse:
+            return None
+        name = reduce_name(reduce) if reduce is not None else ""
+        return tree_algorithm(op, name, t.numel(), self.size(), str(t.dtype).removeprefix("torch."))
 
+    def _in_place(self, t: torch.Tensor, algorithm):
+        """Run `algorithm(flat)` on the group's thread over `t` as one flat tensor (a contiguous
+        copy for a strided `t`, copied back)."""
         def run() -> None:
             flat = t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
-            ring_allreduce_inplace(inner, flat, me, k, op)
+            algorithm(flat)
             if not t.is_contiguous():
                 t.copy_(flat.view(t.shape))
-        return self._submit_ring(run, tensors)
+        return self._submit_ring(run, [t])
+
+    def _allreduce(self, tensors, opts):
+        t = tensors[0]
+        me, k, inner = self.rank(), self.size(), self._inner
+        if len(tensors) == 1 and self._ring_for("allreduce", t, opts.reduceOp) is not None:
+            op = reduce_name(opts.reduceOp)
+            return self._in_place(t, lambda flat: ring_allreduce_inplace(inner, flat, me, k, op))
+        if len(tensors) == 1 and self._tree_for("allreduce", t, opts.reduceOp) is not None:
+            op = reduce_name(opts.reduceOp)
+            return self._in_place(t, lambda flat: tree_allreduce_inplace(inner, flat, me, k, op))
+        return self._inner.allreduce(tensors, opts)
 
     def _allgather_ring(self, op: str, blocks: list[torch.Tensor], input: torch.Tensor, result: list, fallback):
         """All-gather as the ring when the output blocks are contiguous and the input's size."""
@@ -249,8 +268,14 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.BroadcastOptions()
-        return self._run("broadcast", tensors, tensors, lambda: [self._inner.broadcast(tensors, opts)],
-                         peer=opts.rootRank)
+
+        def start() -> list:
+            if len(tensors) != 1 or self._tree_for("broadcast", tensors[0]) is None:
+                return [self._inner.broadcast(tensors, opts)]
+            me, k, root, inner = self.rank(), self.size(), opts.rootRank, self._inner
+            return [self._in_place(tensors[0], lambda flat: tree_broadcast_inplace(inner, flat, me, k, root))]
+        return self._run("broadcast", tensors, tensors, start, peer=opts.rootRank,
+                         splits=_coalesced_splits(tensors) if len(tensors) > 1 else None)
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else c10d.AllgatherOptions()
@@ -360,8 +385,14 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.ReduceOptions()
-        return self._run("reduce", tensors, tensors, lambda: [self._inner.reduce(tensors, opts)], peer=opts.rootRank,
-                         reduce=opts.reduceOp)
+
+        def start() -> list:
+            if len(tensors) != 1 or self._tree_for("reduce", tensors[0], opts.reduceOp) is None:
+                return [self._inner.reduce(tensors, opts)]
+            me, k, root, op, inner = self.rank(), self.size(), opts.rootRank, reduce_name(opts.reduceOp), self._inner
+            return [self._in_place(tensors[0], lambda flat: tree_reduce_inplace(inner, flat, me, k, root, op))]
+        return self._run("reduce", tensors, tensors, start, peer=opts.rootRank, reduce=opts.reduceOp,
+                         splits=_coalesced_splits(tensors) if len(tensors) > 1 else None)
 
     # -- point to point --------------------------------------------------------------------------
     def send(self, tensors, dst: int, tag: int):

@@ -19,9 +19,11 @@ any floats, because every sandbox rank then adds the same numbers in the same or
 full ring. Every sandbox rank holds the full ring's result to the bit and sends and receives
 the same bytes at every step.
 
-Trees (broadcast, reduce) use a binary tree over group positions rooted at the root: a pruned
+Trees (broadcast, reduce, and an all-reduce too small for the ring: a reduce to position 0
+then a broadcast from it) use a binary tree over group positions rooted at the root: a pruned
 tree keeps the sandbox ranks, their parents and their children; a virtual parent sends the
-root's data, a virtual child sends its whole subtree's reduction.
+root's data, a virtual child sends its whole subtree's reduction, folded in the tree's order
+(a node's input, then each child's subtree in turn), so sums are the full tree's to the bit.
 """
 
 from __future__ import annotations
@@ -115,6 +117,24 @@ def ring_algorithm(op: str, reduce: str, numel: int, k: int, dtype: str) -> str 
     if reduce not in REDUCE_OPS or numel < k:
         return None
     return kind if kind == "allreduce" or numel % k == 0 else None
+
+
+TREE_KINDS = ("tree_broadcast", "tree_reduce", "tree_allreduce")
+
+
+def tree_algorithm(op: str, reduce: str, numel: int, k: int, dtype: str) -> str | None:
+    """Which tree the backend runs an op as (one of TREE_KINDS), or None: a broadcast of any
+    dtype, a reduce, and an all-reduce the ring does not take (fewer elements than ranks), for
+    sum, max and min. Decided, like `ring_algorithm`, from facts the graph records."""
+    if k < 2 or numel < 1:
+        return None
+    if op == "broadcast":
+        return "tree_broadcast"
+    if op not in ("reduce", "allreduce") or reduce not in REDUCE_OPS or dtype == "bool" or dtype.startswith("complex"):
+        return None
+    if op == "reduce":
+        return "tree_reduce"
+    return "tree_allreduce" if ring_algorithm(op, reduce, numel, k, dtype) is None else None
 
 
 def fold(inputs: list[torch.Tensor | None], first: int, last: int, a: int, b: int, op: str) -> torch.Tensor:
@@ -387,6 +407,7 @@ def tree_reduce(inputs: list[torch.Tensor], root: int, op: str, sandbox: set[int
 
 BARRIER_TAG = 0x7FFF_FF00   # the point-to-point tag of the tree barrier's tokens (kept apart from programs' tags)
 RING_TAG = 0x7FFF_FF01      # and of the ring all-reduce's chunks
+TREE_TAG = 0x7FFF_FF02      # and of the tree broadcast's and reduce's
 
 
 def tree_parent(position: int, k: int, root: int = 0) -> int | None:

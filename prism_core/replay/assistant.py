@@ -78,19 +78,21 @@ class _Call:
         self.fn = fn
 
 
-RING_KINDS = ("", "allreduce", "all_gather", "reduce_scatter")
+RING_KINDS = ("", "allreduce", "all_gather", "reduce_scatter", "tree_broadcast", "tree_reduce", "tree_allreduce")
+FIRST_TREE = RING_KINDS.index("tree_broadcast")
 
 
 def ring_nodes(trace) -> np.ndarray:
-    """Per node: which ring the backend runs it as (an index into RING_KINDS; 0: not a ring),
-    decided by `pruned.ring_algorithm` from the graph as the backend decides from the tensors.
-    A coalesced all-gather or reduce-scatter (splits recorded) keeps gloo's algorithm."""
-    from prism_core.backend.pruned import RING_OPS, ring_algorithm
+    """Per node: which ring or tree the backend runs it as (an index into RING_KINDS; 0: gloo's
+    own algorithm), decided by `pruned.ring_algorithm` and `pruned.tree_algorithm` from the graph
+    as the backend decides from the tensors. A coalesced op (splits recorded) keeps gloo's."""
+    from prism_core.backend.pruned import RING_OPS, ring_algorithm, tree_algorithm
     from prism_core.trace.schema import COMM, OP_CODE, OPS, REDUCE_OPS
 
     c = trace.columns
     kinds = np.zeros(len(c["kind"]), dtype=np.int8)
-    idx = np.nonzero((c["kind"] == COMM) & np.isin(c["op"], [OP_CODE[o] for o in RING_OPS]) & (c["splits"] == 0))[0]
+    codes = [OP_CODE[o] for o in (*RING_OPS, "broadcast", "reduce")]
+    idx = np.nonzero((c["kind"] == COMM) & np.isin(c["op"], codes) & (c["splits"] == 0))[0]
     if not len(idx):
         return kinds
     keys = np.stack([c["op"][idx].astype(np.int64), c["reduce"][idx].astype(np.int64),
@@ -100,8 +102,8 @@ def ring_nodes(trace) -> np.ndarray:
     found = np.zeros(len(unique), dtype=np.int8)
     for n, (op, reduce, dtype, g, nbytes) in enumerate(unique.tolist()):
         name = trace.dtypes[dtype] or "float32"
-        kind = ring_algorithm(OPS[op], REDUCE_OPS[reduce], nbytes // torch_element_size(name),
-                              len(trace.groups[g]), name)
+        args = (OPS[op], REDUCE_OPS[reduce], nbytes // torch_element_size(name), len(trace.groups[g]), name)
+        kind = ring_algorithm(*args) or tree_algorithm(*args)
         found[n] = RING_KINDS.index(kind or "")
     kinds[idx] = found[inverse.reshape(-1)]
     return kinds
@@ -113,20 +115,44 @@ def torch_element_size(dtype_name: str) -> int:
     return torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
 
 
-def _prunable_groups(trace, groups: set[int], ring: np.ndarray) -> tuple[set[int], set[int], set[int]]:
-    """Groups whose every op is a barrier or a ring all-reduce: their virtual members need no gloo
-    group but the sandbox ranks' tree and ring neighbours. Also: the groups with a barrier, and
-    the groups with a ring all-reduce."""
-    from prism_core.trace.schema import COMM, OP_CODE
+@dataclass
+class _Pruning:
+    """Which groups holding a sandbox rank keep only some virtual members on the wire, and why."""
+    prunable: set[int]                  # every op a barrier, ring, tree, or point-to-point
+    with_barrier: set[int]
+    with_ring: set[int]
+    tree_roots: dict[int, set[int]]     # group -> tree roots (positions) its tree ops use
+    p2p_peers: dict[int, set[int]]      # group -> virtual ranks with point-to-point ops to or from a sandbox rank
+
+
+def _pruning(trace, groups: set[int], ring: np.ndarray, sandbox: set[int]) -> _Pruning:
+    from prism_core.trace.matching import node_ranks
+    from prism_core.trace.schema import COMM, OP_CODE, P2P_OPS
 
     c = trace.columns
     comm = c["kind"] == COMM
     barrier = comm & (c["op"] == OP_CODE["barrier"])
-    ring = ring > 0
-    other = np.unique(c["group"][comm & ~barrier & ~ring])
+    p2p = comm & np.isin(c["op"], list(P2P_OPS))
+    tree = ring >= FIRST_TREE
+    rings = (ring > 0) & ~tree
+    other = np.unique(c["group"][comm & ~barrier & (ring == 0) & ~p2p])
     with_barrier = set(np.unique(c["group"][barrier]).tolist()) & groups
-    with_ring = set(np.unique(c["group"][ring]).tolist()) & groups
-    return set(groups) - set(other.tolist()), with_barrier, with_ring
+    with_ring = set(np.unique(c["group"][rings]).tolist()) & groups
+    tree_roots: dict[int, set[int]] = {}
+    idx = np.nonzero(tree & np.isin(c["group"], list(groups)))[0]
+    for g, kind, peer in set(zip(c["group"][idx].tolist(), ring[idx].tolist(), c["peer"][idx].tolist())):
+        root = 0 if RING_KINDS[kind] == "tree_allreduce" else trace.groups[g].index(peer)
+        tree_roots.setdefault(g, set()).add(root)
+    p2p_peers: dict[int, set[int]] = {}
+    idx = np.nonzero(p2p & np.isin(c["group"], list(groups)))[0]
+    if len(idx):
+        ranks = node_ranks(trace)[idx]
+        peers = c["peer"][idx]
+        mine = np.isin(ranks, list(sandbox))
+        for g, peer in set(zip(c["group"][idx][mine].tolist(), peers[mine].tolist())):
+            if peer not in sandbox:
+                p2p_peers.setdefault(g, set()).add(peer)
+    return _Pruning(set(groups) - set(other.tolist()), with_barrier, with_ring, tree_roots, p2p_peers)
 
 
 DEFAULT_GROUP = "0"   # c10d names the default group "0"; later groups count up from 1
@@ -179,8 +205,8 @@ class Assistant:
         self.arrivals = np.full(len(trace.columns["kind"]), np.nan)
         self.real_groups = {g for g, members in enumerate(trace.groups) if self.sandbox & set(members)}
         self.ring = ring_nodes(trace)
-        self.prunable, self.with_barrier, self.with_ring = _prunable_groups(trace, self.real_groups, self.ring)
-        self.rings: dict[int, _RingOp] = {}      # op id -> ring all-reduce in progress
+        self.pruning = _pruning(trace, self.real_groups, self.ring, self.sandbox)
+        self.rings: dict[int, _RingOp] = {}      # op id -> ring or tree op in progress
         self._positions: dict[int, frozenset[int]] = {}   # group -> its sandbox ranks' positions
         self._shapes: dict[int, object] = {}
         self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
@@ -216,7 +242,7 @@ class Assistant:
                     wanted.setdefault(holder, []).append(key)
         for r in self.sandbox:          # ring neighbours fold every member's input, theirs too
             s = self.trace.rank_slice(r)
-            for i in s.start + np.nonzero(self.ring[s])[0]:
+            for i in s.start + np.nonzero((self.ring[s] > 0) & (self.ring[s] < FIRST_TREE))[0]:
                 holder, key = self._cached_as(r, int(i))
                 wanted.setdefault(holder, []).append(key)
         self.inputs.preload(wanted)
@@ -243,15 +269,20 @@ class Assistant:
         return not self.trace.group_names[g].startswith("dedup:")
 
     def _virtual_members(self, g: int) -> list[int]:
+        from prism_core.replay.tree import tree_neighbours
+
         members = self.trace.groups[g]
-        if g not in self.prunable:
-            needed = range(len(members))
+        pruning = self.pruning
+        if g not in pruning.prunable:
+            needed = set(range(len(members)))
         else:
-            needed = set()
-            if g in self.with_barrier:
+            needed = {members.index(r) for r in pruning.p2p_peers.get(g, ())}
+            if g in pruning.with_barrier:
                 needed |= self._shape(g).neighbours
-            if g in self.with_ring:
+            if g in pruning.with_ring:
                 needed |= self._ring_neighbours(g)
+            for root in pruning.tree_roots.get(g, ()):
+                needed |= tree_neighbours(len(members), root, set(self._sandbox_positions(g)))
         return [members[p] for p in sorted(needed) if members[p] not in self.sandbox]
 
     def _sandbox_positions(self, g: int) -> frozenset[int]:
@@ -404,7 +435,10 @@ class Assistant:
             self._issue_barrier(rank, i, g, h)
             return h
         if g in self.real_groups and self.ring[i]:
-            self._issue_ring(rank, i, g, h)
+            if self.ring[i] >= FIRST_TREE:
+                self._issue_tree(rank, i, g, h)
+            else:
+                self._issue_ring(rank, i, g, h)
             return h
         if g in self.real_groups and (op not in P2P_OPS or int(c["peer"][i]) in self.sandbox):
             self._issue_gloo(rank, i, h)
@@ -478,10 +512,11 @@ class Assistant:
 
     def _issue_now(self, pg_key: tuple[int, int], i: int, spec, tensors, h) -> None:
         from prism_core.replay.ring import RingPart
+        from prism_core.replay.tree import TreePart
         from prism_core.replay.virtual_ops import issue
 
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
-        if isinstance(spec, RingPart):            # h: the _RingOp
+        if isinstance(spec, (RingPart, TreePart)):   # h: the _RingOp
             works, keep = spec.run(self.pgs[pg_key])
             self.pool.submit(self._wait_then, works, keep, h)
             return
@@ -552,19 +587,60 @@ class Assistant:
             if not busy:
                 self.pool.submit(self._drain, pg_key)
 
-    def _ring_inputs(self, i: int, members: tuple[int, ...], numel: int, dtype: str) -> list:
-        """Every member's input of the all-reduce at node `i`, flat: from the tensor cache, or zeros."""
+    def _issue_tree(self, rank: int, i: int, g: int, h: _Handle) -> None:
+        """Count this virtual member in; once all are, the sandbox ranks' tree neighbours play their
+        part (`replay.tree`); every virtual member completes when those parts are done."""
         import torch
 
-        out = []
-        for m, node in self._member_nodes(i, members):
-            holder, key = self._cached_as(m, node)
-            cached = self.inputs.get(holder, key)    # a list form's blocks: one after the other
-            if cached and sum(t.numel() for t in cached) == numel:
-                out.append(torch.cat([t.reshape(-1) for t in cached]) if len(cached) > 1 else cached[0].reshape(-1))
-            else:
-                out.append(torch.zeros(numel, dtype=getattr(torch, dtype)))
-        return out
+        from prism_core.replay.tree import TreeOp, tree_neighbours
+        from prism_core.trace.schema import REDUCE_OPS
+
+        op_id = int(self.match.op_id[i])
+        tree = self.rings.get(op_id)
+        if tree is None:
+            tree = self.rings[op_id] = _RingOp()
+        tree.handles.append(h)
+        tree.nodes[rank] = i
+        members = self.trace.groups[g]
+        sandbox = self._sandbox_positions(g)
+        if len(tree.handles) < len(members) - len(sandbox):
+            return
+        del self.rings[op_id]
+        c = self.trace.columns
+        kind = RING_KINDS[self.ring[i]]
+        root = 0 if kind == "tree_allreduce" else members.index(int(c["peer"][i]))
+        parts = sorted(tree_neighbours(len(members), root, set(sandbox)))
+        tree.parts = len(parts)
+        if not parts:
+            self._ring_done(tree)
+            return
+        dtype = self.trace.dtypes[c["dtype"][i]] or "float32"
+        numel = int(c["bytes"][i]) // torch_element_size(dtype)
+        nodes = dict(self._member_nodes(i, members))
+        shared = TreeOp(kind, len(members), root, sandbox, REDUCE_OPS[c["reduce"][i]], numel, getattr(torch, dtype),
+                        load=lambda p: self._member_input(members[p], nodes[members[p]], numel, dtype))
+        for p in parts:
+            pg_key = (members[p], g)
+            pending = self.pending.setdefault(pg_key, deque())
+            with self.lock:
+                busy = bool(pending)
+                pending.append((nodes[members[p]], shared.part(p), None, tree))
+            if not busy:
+                self.pool.submit(self._drain, pg_key)
+
+    def _member_input(self, member: int, node: int, numel: int, dtype: str):
+        """What `member` put into the collective at its `node`, flat: from the tensor cache, or zeros."""
+        import torch
+
+        holder, key = self._cached_as(member, node)
+        cached = self.inputs.get(holder, key)    # a list form's blocks: one after the other
+        if cached and sum(t.numel() for t in cached) == numel:
+            return torch.cat([t.reshape(-1) for t in cached]) if len(cached) > 1 else cached[0].reshape(-1)
+        return torch.zeros(numel, dtype=getattr(torch, dtype))
+
+    def _ring_inputs(self, i: int, members: tuple[int, ...], numel: int, dtype: str) -> list:
+        """Every member's input of the all-reduce at node `i`, flat: from the tensor cache, or zeros."""
+        return [self._member_input(m, node, numel, dtype) for m, node in self._member_nodes(i, members)]
 
     def _wait_then(self, works, keep, ring: _RingOp) -> None:
         try:

@@ -1,0 +1,133 @@
+"""The virtual side of the backend's trees (broadcast, reduce, small all-reduce), pruned to the
+sandbox ranks' tree neighbours.
+
+A sandbox rank at tree position p talks to its parent and its children only; the assistant
+plays those that are virtual, one `TreePart` each, all sharing the op's `TreeOp`. Nobody else
+in the group exists on the wire; what the pruned ranks would have computed is computed here:
+
+- reduce (and the all-reduce's first half, to position 0): a virtual parent receives each
+  sandbox child's partial; a virtual child of a sandbox rank sends its subtree's reduction,
+  folded in the tree's order — its own input, then each child's subtree in turn — from the
+  tensor cache for virtual ranks and from what the wire brought for sandbox ones, so every
+  sandbox rank ends with the full tree's bits;
+- broadcast (and the all-reduce's second half): a virtual child of a sandbox rank receives from
+  it; a virtual parent sends what reaches it: what the nearest sandbox ancestor sent down (the
+  part below that ancestor received it), or, with no sandbox ancestor, the root's cached input
+  (the whole reduction, for the all-reduce).
+
+A part waits in-process for what it needs (another part's receive), so a sandbox rank below
+another is paced by it, as in the full tree. The parts start once every virtual member of the
+group has arrived at the op, as for the rings.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import torch
+
+from prism_core.backend.pruned import TREE_TAG, _combine, tree_children, tree_parent
+
+
+def tree_neighbours(k: int, root: int, sandbox: set[int]) -> set[int]:
+    """Virtual positions next to a sandbox position in the tree rooted at `root`."""
+    out = set()
+    for p in sandbox:
+        parent = tree_parent(p, k, root)
+        if parent is not None:
+            out.add(parent)
+        out.update(tree_children(p, k, root))
+    return out - set(sandbox)
+
+
+class TreeOp:
+    """What the parts of one tree op share: inputs, what the wire brought, memoised reductions."""
+
+    def __init__(self, kind: str, k: int, root: int, sandbox: frozenset[int], op: str, numel: int,
+                 dtype: torch.dtype, load: Callable[[int], torch.Tensor]):
+        self.kind, self.k, self.root, self.sandbox = kind, k, root, sandbox
+        self.op, self.numel, self.dtype, self.load = op, numel, dtype, load
+        self.up: dict[int, Future] = {p: Future() for p in sandbox}      # sandbox p's partial, received by its parent
+        self.down: dict[int, Future] = {}                                # what virtual v received from its parent
+        self._values: dict[int, Future] = {}
+        self._lock = threading.Lock()
+
+    def value(self, node: int) -> torch.Tensor:
+        """`node`'s subtree reduction as the full tree folds it."""
+        if node in self.sandbox:
+            return self.up[node].result()
+        with self._lock:
+            found = self._values.get(node)
+            mine = found is None
+            if mine:
+                found = self._values[node] = Future()
+        if not mine:
+            return found.result()
+        try:
+            acc = self.load(node).clone()
+            for c in tree_children(node, self.k, self.root):
+                acc = _combine(acc, self.value(c), self.op)
+        except BaseException as err:
+            found.set_exception(err)
+            raise
+        found.set_result(acc)
+        return acc
+
+    def data_at(self, node: int) -> torch.Tensor:
+        """What virtual `node` holds once the broadcast passed it."""
+        below, up = node, tree_parent(node, self.k, self.root)
+        while up is not None and up not in self.sandbox:
+            below, up = up, tree_parent(up, self.k, self.root)
+        if up is not None:                    # `below` is the sandbox ancestor's virtual child
+            return self.down_future(below).result()
+        if self.kind == "tree_broadcast":
+            return self.load(self.root)
+        return self.value(self.root)
+
+    def down_future(self, node: int) -> Future:
+        with self._lock:
+            return self.down.setdefault(node, Future())
+
+    def part(self, me: int) -> TreePart:
+        return TreePart(self, me)
+
+
+class TreePart:
+    """Virtual position `me`'s sends and receives in one tree op, run in order on its gloo group."""
+
+    def __init__(self, tree: TreeOp, me: int):
+        self.tree, self.me = tree, me
+
+    def run(self, pg) -> tuple[list, list]:
+        t, me = self.tree, self.me
+        parent = tree_parent(me, t.k, t.root)
+        kids = [c for c in tree_children(me, t.k, t.root) if c in t.sandbox]
+        try:
+            if t.kind in ("tree_reduce", "tree_allreduce"):
+                for q in kids:
+                    buf = torch.empty(t.numel, dtype=t.dtype)
+                    pg.recv([buf], q, TREE_TAG).wait()
+                    t.up[q].set_result(buf)
+                if parent is not None and parent in t.sandbox:
+                    pg.send([t.value(me)], parent, TREE_TAG).wait()
+            if t.kind in ("tree_broadcast", "tree_allreduce"):
+                if parent is not None and parent in t.sandbox:
+                    buf = torch.empty(t.numel, dtype=t.dtype)
+                    pg.recv([buf], parent, TREE_TAG).wait()
+                    t.down_future(me).set_result(buf)
+                if kids:
+                    data = t.data_at(me)
+                    for work in [pg.send([data], q, TREE_TAG) for q in kids]:
+                        work.wait()
+        except BaseException as err:
+            # whoever waits on this part's receives must not wait for ever
+            for q in kids:
+                if not t.up[q].done():
+                    t.up[q].set_exception(err)
+            future = t.down_future(me)
+            if not future.done():
+                future.set_exception(err)
+            raise
+        return [], []

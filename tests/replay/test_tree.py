@@ -1,0 +1,150 @@
+"""The pruned trees in a replay (broadcast, reduce, small all-reduce) beside point-to-point
+traffic on the same group: sandbox ranks end with the real run's results to the bit while only
+their tree neighbours and point-to-point peers exist on the wire."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from prism_core.backend.pruned import _combine, tree_broadcast, tree_members, tree_reduce
+from prism_core.collect.stage import collect
+from prism_core.config import config_from_dict
+from prism_core.record import record
+from prism_core.replay.slices import run_with_assistant
+from prism_core.replay.tree import TreeOp, tree_neighbours
+
+from tests.jobs import assert_no_rank_processes
+
+SCRIPT = """
+import json
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+r, w = dist.get_rank(), dist.get_world_size()
+g = torch.Generator().manual_seed(11 + r)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+out = {}
+for step in range(2):
+    for root in (0, 4):
+        x = torch.randn(33, generator=g) * 1e3
+        dist.broadcast(x, src=root)
+        out[f"b{root}.{step}"] = x.tolist()
+    for name, op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
+        x = torch.randn(w - 2, generator=g) * 1e3
+        dist.all_reduce(x, op=op)
+        out[f"{name}{step}"] = x.tolist()
+    x = torch.randn(17, generator=g) * 1e3
+    dist.reduce(x, dst=2)
+    out[f"reduce{step}"] = x.tolist()
+    a = torch.randn(5, generator=g)
+    b = torch.empty(5)
+    req = dist.isend(a, (r + 1) % w)
+    dist.recv(b, (r - 1) % w)
+    req.wait()
+    out[f"p2p{step}"] = b.tolist()
+    model(torch.ones(4)).sum().backward()
+    opt.step()
+print("RESULT " + json.dumps(out), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _results(run_dir, rank):
+    lines = (run_dir / "logs" / f"rank_{rank}.log").read_text().splitlines()
+    return json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
+
+
+def test_neighbours_in_trees_of_any_root():
+    assert tree_neighbours(7, 0, {1}) == {0, 3, 4}
+    assert tree_neighbours(7, 4, {1}) == {5}            # position 1 is the root's 4th: parent 5
+    assert tree_neighbours(7, 0, {0, 1, 2}) == {3, 4, 5, 6}
+    for k, root, sandbox in ((9, 3, {0, 5}), (16, 0, {15}), (2, 1, {0})):
+        assert tree_neighbours(k, root, sandbox) == tree_members(k, root, sandbox) - sandbox
+
+
+class _Wire:
+    """A gloo group stand-in: records what a part sends, answers its receives with `incoming`."""
+    def __init__(self, incoming=None):
+        self.sent, self.incoming = [], incoming or {}
+
+    def send(self, tensors, dst, tag):
+        self.sent.append((dst, tensors[0].clone()))
+        return _Done()
+
+    def recv(self, tensors, src, tag):
+        tensors[0].copy_(self.incoming[src])
+        return _Done()
+
+
+class _Done:
+    def wait(self):
+        return True
+
+
+def _op(kind, k, root, sandbox, inputs, op="sum"):
+    return TreeOp(kind, k, root, frozenset(sandbox), op, inputs[0].numel(), inputs[0].dtype, load=lambda p: inputs[p])
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_virtual_children_send_their_subtrees_reduction_folded_as_the_full_tree(op):
+    k, root, inputs = 11, 2, [torch.randn(7) * 10 ** (i % 5) for i in range(11)]
+    tree = _op("tree_reduce", k, root, {2}, inputs, op)     # the root alone is real
+    sent = {}
+    for child in (3, 4):                                    # its children: subtrees of 7 and 2 positions
+        wire = _Wire()
+        tree.part(child).run(wire)
+        (dst, value), = wire.sent
+        assert dst == 2
+        sent[child] = value
+    # the root folds as the backend does: its input, then each child's subtree in turn
+    acc = inputs[2].clone()
+    for child in (3, 4):
+        acc = _combine(acc, sent[child], op)
+    full, _ = tree_reduce(inputs, root, op)
+    assert torch.equal(acc, full)
+
+
+def test_a_sandbox_rank_below_a_virtual_one_gets_the_full_allreduce():
+    k, inputs = 7, [torch.randn(3) * 10 ** i for i in range(7)]
+    sandbox = {4}                       # under position 1, under the root 0
+    tree = _op("tree_allreduce", k, 0, sandbox, inputs)
+    wire = _Wire({4: inputs[4]})        # position 4 has no children: it sends its input up
+    tree.part(1).run(wire)
+    full, _ = tree_reduce(inputs, 0, "sum")
+    (dst, value), = wire.sent
+    assert dst == 4 and torch.equal(value, full)
+    out, _ = tree_broadcast([full] * k, 0)
+    assert torch.equal(out[4], value)
+
+
+@pytest.mark.timeout(400)
+def test_sandbox_ranks_get_the_real_runs_bits_with_only_tree_neighbours_and_peers(tmp_path):
+    script = tmp_path / "trees.py"
+    script.write_text(SCRIPT)
+    cfg = config_from_dict({"name": "trees", "job": {"program": str(script), "world_size": 7, "iterations": 2,
+                                                     "warmup": 1, "timeout_s": 120},
+                            "emulation": {"collect_mode": "context_switch", "sandbox": 2}})
+    record(cfg, tmp_path / "record", echo=False)
+    real = {r: _results(tmp_path / "record", r) for r in range(7)}
+    graph = collect(cfg, tmp_path / "collect")
+    # {1}: roots 0 (broadcast, all-reduce) -> 0, 3, 4; root 4 -> 5; root 2 (reduce) -> 4; peers 0, 2.
+    # {2, 5}: the reduce's root itself, and 5 under 2 in the tree rooted at 0.
+    # {6, 0}: 6 a leaf below 2 (root 0), the point-to-point ring wrapping from 6 to 0.
+    for sandbox in ([1], [2, 5], [6, 0]):
+        out = tmp_path / "-".join(map(str, sandbox))
+        run_with_assistant(cfg, graph.directory, sandbox, out)
+        wire = set()
+        for root in (0, 4, 2):
+            wire |= tree_neighbours(7, root, set(sandbox))
+        wire |= {(r + d) % 7 for r in sandbox for d in (-1, 1)} - set(sandbox)
+        stats = json.loads((out / "replay" / "stats.json").read_text())
+        assert stats["gloo_groups"] == len(wire), sandbox
+        assert sandbox != [1] or len(wire) == 5          # rank 6 is pruned
+        for r in sandbox:
+            assert _results(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
+    assert_no_rank_processes()
