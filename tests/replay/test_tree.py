@@ -4,10 +4,15 @@ their tree neighbours and point-to-point peers exist on the wire."""
 
 from __future__ import annotations
 
+import collections
 import json
+import queue
+import threading
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prism_core.backend.pruned import _combine, tree_broadcast, tree_members, tree_reduce
 from prism_core.collect.stage import collect
@@ -148,3 +153,80 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_tree_neighbours_and_peer
         for r in sandbox:
             assert _results(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
     assert_no_rank_processes()
+
+
+class _Mailboxes:
+    """In-memory point-to-point links between tree positions: per (src, dst) a queue of tensors."""
+    def __init__(self):
+        self.boxes = collections.defaultdict(queue.Queue)
+        self.links = set()
+        self.lock = threading.Lock()
+
+    def pg(self, me):
+        boxes, links, lock = self.boxes, self.links, self.lock
+
+        class _Pg:
+            def send(self, tensors, dst, tag):
+                with lock:
+                    links.add((me, dst))
+                boxes[(me, dst)].put(tensors[0].clone())
+                return _Done()
+
+            def recv(self, tensors, src, tag):
+                tensors[0].copy_(boxes[(src, me)].get(timeout=20))
+                return _Done()
+        return _Pg()
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(2, 64).flatmap(lambda k: st.tuples(
+    st.just(k), st.integers(0, k - 1), st.sets(st.integers(0, k - 1), min_size=1, max_size=min(k, 6)))),
+    st.sampled_from(["tree_broadcast", "tree_reduce", "tree_allreduce"]), st.sampled_from(["sum", "max", "min"]))
+def test_pruned_trees_give_every_sandbox_rank_the_full_trees_bits(case, kind, op):
+    """Sandbox ranks run the backend's tree functions, their virtual neighbours `TreePart`s, over
+    in-memory links: every sandbox rank ends with the full tree's result, and nobody else talks."""
+    from prism_core.backend.tree import tree_allreduce_inplace, tree_broadcast_inplace, tree_reduce_inplace
+
+    k, root, sandbox = case
+    if kind == "tree_allreduce":
+        root = 0
+    g = torch.Generator().manual_seed(k * 1000 + root)
+    inputs = [torch.randn(5, generator=g) * 10 ** (i % 6) for i in range(k)]
+    if kind == "tree_broadcast":
+        expected = {p: inputs[root] for p in range(k)}
+    else:
+        full, _ = tree_reduce(inputs, root, op)
+        expected = {p: full if (p == root or kind == "tree_allreduce") else inputs[p] for p in range(k)}
+    wire = _Mailboxes()
+    tree = _op(kind, k, root, sandbox, inputs, op)
+    outputs, errors = {}, []
+
+    def sandbox_rank(p):
+        flat = inputs[p].clone()
+        pg = wire.pg(p)
+        if kind == "tree_broadcast":
+            tree_broadcast_inplace(pg, flat, p, k, root)
+        elif kind == "tree_reduce":
+            tree_reduce_inplace(pg, flat, p, k, root, op)
+        else:
+            tree_allreduce_inplace(pg, flat, p, k, op)
+        outputs[p] = flat
+
+    def guard(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=guard, args=(sandbox_rank, p)) for p in sandbox]
+    threads += [threading.Thread(target=guard, args=(lambda v: tree.part(v).run(wire.pg(v)), v))
+                for v in tree_neighbours(k, root, sandbox)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for p in sandbox:
+        assert torch.equal(outputs[p], expected[p]), (p, kind)
+    on_wire = tree_members(k, root, sandbox)
+    assert all(a in on_wire and b in on_wire and (a in sandbox or b in sandbox) for a, b in wire.links)
