@@ -96,16 +96,18 @@ def main() -> None:
                       flush=True)
             r, p, u, f, e = (statistics.median(x) for x in (real, pred, uncal, first, emul))
             rows.append((cfg.name, r, p, e, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)]),
-                         statistics.median([b / a - 1 for a, b in zip(real, selfcheck)])))
+                         statistics.median([b / a - 1 for a, b in zip(real, selfcheck)]), (max(real) - min(real)) / r))
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
           f"pass(es), medians over {args.pairs} pairs; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'emulated (s)':>12} {'error':>8} "
-          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10}")
-    for name, r, p, e, f, u, pw, sc in rows:
+          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real spread':>11}")
+    for name, r, p, e, f, u, pw, sc, spread in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {e:12.4f} {_pct(e, r):>8} {f:9.4f} {_pct(f, r):>8} "
-              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}%")
+              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * spread:10.2f}%")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
+    print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "
+          "an error smaller than it cannot be told apart from none")
 
 
 if __name__ == "__main__":
