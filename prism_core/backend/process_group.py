@@ -26,7 +26,7 @@ import torch.distributed as dist
 from prism_core.backend.pruned import BARRIER_TAG, ring_algorithm, tree_algorithm, tree_children, tree_parent
 from prism_core.backend.tree import tree_allreduce_inplace, tree_broadcast_inplace, tree_reduce_inplace
 from prism_core.backend.ring import (
-    RingRunner, ring_allgather_inplace, ring_allreduce_inplace, ring_reduce_scatter_inplace,
+    RingRunner, ring_allgather_inplace, scratch, ring_allreduce_inplace, ring_reduce_scatter_inplace,
 )
 from prism_core.backend.reduce_ops import reduce_name
 from prism_core.trace.recorder import Recorder
@@ -191,7 +191,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         if opts.reduceOp == dist.ReduceOp.PREMUL_SUM:
             raise _unsupported("allreduce with ReduceOp.PREMUL_SUM", "gloo cannot run it; scale before a SUM")
         return self._run("allreduce", tensors, tensors, lambda: [self._allreduce(tensors, opts)],
-                         reduce=opts.reduceOp)
+                         reduce=opts.reduceOp, splits=_coalesced_splits(tensors) if len(tensors) > 1 else None)
 
     # -- rings (real runs: every op `pruned.ring_algorithm` picks; collection transports settle
     # -- the op whole, so they keep the inner group's own) ---------------------------------------
@@ -219,10 +219,13 @@ class PrismProcessGroup(dist.ProcessGroup):
         """Run `algorithm(flat)` on the group's thread over `t` as one flat tensor (a contiguous
         copy for a strided `t`, copied back)."""
         def run() -> None:
-            flat = t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
+            if t.is_contiguous():
+                algorithm(t.view(-1))
+                return
+            flat = scratch(t.numel(), t.dtype)     # outside the allocator, as the rings' buffers
+            flat.copy_(t.reshape(-1))
             algorithm(flat)
-            if not t.is_contiguous():
-                t.copy_(flat.view(t.shape))
+            t.copy_(flat.view(t.shape))
         return self._submit_ring(run, [t])
 
     def _allreduce(self, tensors, opts):

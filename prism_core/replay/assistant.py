@@ -510,22 +510,26 @@ class Assistant:
         else:
             self._issue_now(pg_key, i, spec, tensors, h)
 
-    def _issue_now(self, pg_key: tuple[int, int], i: int, spec, tensors, h) -> None:
+    def _issue_now(self, pg_key: tuple, i: int, spec, tensors, h) -> None:
         from prism_core.replay.ring import RingPart
         from prism_core.replay.tree import TreePart
         from prism_core.replay.virtual_ops import issue
 
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
-        if isinstance(spec, (RingPart, TreePart)):   # h: the _RingOp
-            works, keep = spec.run(self.pgs[pg_key])
+        pg = self.pgs[pg_key[:2]]                 # a tree part's queue key names its queue too
+        if isinstance(spec, TreePart):            # completes its members through its futures
+            spec.run(pg)
+            return
+        if isinstance(spec, RingPart):            # h: the _RingOp
+            works, keep = spec.run(pg)
             self.pool.submit(self._wait_then, works, keep, h)
             return
-        works, keep = issue(self.pgs[pg_key], spec, tensors)
+        works, keep = issue(pg, spec, tensors)
         h.keep = (works, keep)
         if spec.kind in ("send", "recv") or len(works) != 1 or not self._on_future(works[0], h):
             self.pool.submit(self._wait, works, h)
 
-    def _drain(self, pg_key: tuple[int, int]) -> None:
+    def _drain(self, pg_key: tuple) -> None:
         pending = self.pending[pg_key]
         try:
             while True:
@@ -589,7 +593,9 @@ class Assistant:
 
     def _issue_tree(self, rank: int, i: int, g: int, h: _Handle) -> None:
         """Count this virtual member in; once all are, the sandbox ranks' tree neighbours play their
-        part (`replay.tree`); every virtual member completes when those parts are done."""
+        part (`replay.tree`); each virtual member completes once what it depends on has happened.
+        The parts queue apart from the rank's point-to-point ops on the group (a part blocks
+        until its sandbox neighbours reach the op, and they may first wait for such an op)."""
         import torch
 
         from prism_core.replay.tree import TreeOp, tree_neighbours
@@ -610,7 +616,6 @@ class Assistant:
         kind = RING_KINDS[self.ring[i]]
         root = 0 if kind == "tree_allreduce" else members.index(int(c["peer"][i]))
         parts = sorted(tree_neighbours(len(members), root, set(sandbox)))
-        tree.parts = len(parts)
         if not parts:
             self._ring_done(tree)
             return
@@ -619,14 +624,34 @@ class Assistant:
         nodes = dict(self._member_nodes(i, members))
         shared = TreeOp(kind, len(members), root, sandbox, REDUCE_OPS[c["reduce"][i]], numel, getattr(torch, dtype),
                         load=lambda p: self._member_input(members[p], nodes[members[p]], numel, dtype))
-        for p in parts:
-            pg_key = (members[p], g)
-            pending = self.pending.setdefault(pg_key, deque())
+        queued = [(p, shared.part(p)) for p in parts]
+        for member, handle in zip(tree.nodes, tree.handles):
+            self._complete_after(handle, shared.depends(members.index(member)))
+        for p, part in queued:
+            key = (members[p], g, "tree")
+            pending = self.pending.setdefault(key, deque())
             with self.lock:
                 busy = bool(pending)
-                pending.append((nodes[members[p]], shared.part(p), None, tree))
+                pending.append((nodes[members[p]], part, None, None))
             if not busy:
-                self.pool.submit(self._drain, pg_key)
+                self.pool.submit(self._drain, key)
+
+    def _complete_after(self, h: _Handle, futures: list) -> None:
+        """Complete `h` when every future is done (at once, with none)."""
+        if not futures:
+            self._done_at(h)
+            return
+        left = [len(futures)]
+        lock = threading.Lock()
+
+        def one_more(_future) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._done_at(h)
+        for f in futures:
+            f.add_done_callback(one_more)
 
     def _member_input(self, member: int, node: int, numel: int, dtype: str):
         """What `member` put into the collective at its `node`, flat: from the tensor cache, or zeros."""

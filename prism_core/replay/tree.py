@@ -17,7 +17,11 @@ in the group exists on the wire; what the pruned ranks would have computed is co
 
 A part waits in-process for what it needs (another part's receive), so a sandbox rank below
 another is paced by it, as in the full tree. The parts start once every virtual member of the
-group has arrived at the op, as for the rings.
+group has arrived at the op, as for the rings. A virtual member's op completes when what it
+depends on in the full tree has happened (`TreeOp.depends`): in a broadcast, the data reaching
+it; in a reduce, its subtree's sandbox ranks having sent; in the all-reduce, everything; and
+its own part, if it has one. So a member that needs no sandbox rank finishes at once, and may
+go on to talk to a sandbox rank that has not yet reached the op, as in the real run.
 """
 
 from __future__ import annotations
@@ -51,28 +55,35 @@ class TreeOp:
         self.op, self.numel, self.dtype, self.load = op, numel, dtype, load
         self.up: dict[int, Future] = {p: Future() for p in sandbox}      # sandbox p's partial, received by its parent
         self.down: dict[int, Future] = {}                                # what virtual v received from its parent
-        self._values: dict[int, Future] = {}
+        self.done: dict[int, Future] = {}                                # each part: finished
+        self._root_value: Future | None = None
         self._lock = threading.Lock()
 
     def value(self, node: int) -> torch.Tensor:
-        """`node`'s subtree reduction as the full tree folds it."""
+        """`node`'s subtree reduction as the full tree folds it. Each node's is asked for once (by
+        its parent's, or by its own part), except the root's, which several parts may need."""
         if node in self.sandbox:
             return self.up[node].result()
+        if node != self.root:
+            return self._fold(node)
         with self._lock:
-            found = self._values.get(node)
-            mine = found is None
+            mine = self._root_value is None
             if mine:
-                found = self._values[node] = Future()
+                self._root_value = Future()
+            found = self._root_value
         if not mine:
             return found.result()
         try:
-            acc = self.load(node).clone()
-            for c in tree_children(node, self.k, self.root):
-                acc = _combine(acc, self.value(c), self.op)
+            found.set_result(self._fold(node))
         except BaseException as err:
             found.set_exception(err)
             raise
-        found.set_result(acc)
+        return found.result()
+
+    def _fold(self, node: int) -> torch.Tensor:
+        acc = self.load(node)          # `_combine` makes new tensors: the loaded one stays as it is
+        for c in tree_children(node, self.k, self.root):
+            acc = _combine(acc, self.value(c), self.op)
         return acc
 
     def data_at(self, node: int) -> torch.Tensor:
@@ -91,7 +102,36 @@ class TreeOp:
             return self.down.setdefault(node, Future())
 
     def part(self, me: int) -> TreePart:
+        self.done[me] = Future()
         return TreePart(self, me)
+
+    def depends(self, node: int) -> list[Future]:
+        """What virtual `node`'s op waits for before it completes (call once every part exists)."""
+        if self.kind == "tree_allreduce":
+            return list(self.done.values())
+        out = [self.done[node]] if node in self.done else []
+        if self.kind == "tree_broadcast":
+            below, up = node, tree_parent(node, self.k, self.root)
+            while up is not None and up not in self.sandbox:
+                below, up = up, tree_parent(up, self.k, self.root)
+            if up is not None:
+                out.append(self.down_future(below))
+            return out
+        return out + [self.up[q] for q in self._sandbox_below().get(node, ())]
+
+    def _sandbox_below(self) -> dict[int, list[int]]:
+        """Per virtual node: the sandbox ranks whose partials pass through it on the way up (each
+        walk stops at the first sandbox ancestor, whose own partial carries them on)."""
+        with self._lock:
+            if not hasattr(self, "_below"):
+                below: dict[int, list[int]] = {}
+                for q in self.sandbox:
+                    up = tree_parent(q, self.k, self.root)
+                    while up is not None and up not in self.sandbox:
+                        below.setdefault(up, []).append(q)
+                        up = tree_parent(up, self.k, self.root)
+                self._below = below
+            return self._below
 
 
 class TreePart:
@@ -104,6 +144,7 @@ class TreePart:
         t, me = self.tree, self.me
         parent = tree_parent(me, t.k, t.root)
         kids = [c for c in tree_children(me, t.k, t.root) if c in t.sandbox]
+        done = t.done[me]
         try:
             if t.kind in ("tree_reduce", "tree_allreduce"):
                 for q in kids:
@@ -129,5 +170,7 @@ class TreePart:
             future = t.down_future(me)
             if not future.done():
                 future.set_exception(err)
+            done.set_exception(err)
             raise
+        done.set_result(None)
         return [], []

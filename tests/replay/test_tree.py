@@ -178,6 +178,24 @@ class _Mailboxes:
         return _Pg()
 
 
+def test_a_virtual_member_completes_once_what_it_needs_in_the_full_tree_happened():
+    inputs = [torch.randn(2) for _ in range(7)]
+    bcast = _op("tree_broadcast", 7, 0, {2}, inputs)      # parts: 0 (2's parent), 5 and 6 (its children)
+    parts = {p: bcast.part(p) for p in tree_neighbours(7, 0, {2})}
+    assert sorted(parts) == [0, 5, 6]
+    assert bcast.depends(1) == [] and bcast.depends(3) == []             # nothing of rank 2 on their path
+    assert bcast.depends(0) == [bcast.done[0]]
+    assert bcast.depends(5) == [bcast.done[5], bcast.down[5]]
+    reduce = _op("tree_reduce", 7, 0, {5}, inputs)        # 5's partial goes up through 2 to the root
+    for p in tree_neighbours(7, 0, {5}):
+        reduce.part(p)
+    assert reduce.depends(2) == [reduce.done[2], reduce.up[5]]
+    assert reduce.depends(0) == [reduce.up[5]] and reduce.depends(1) == []
+    small = _op("tree_allreduce", 7, 0, {5}, inputs)
+    small.part(2)
+    assert small.depends(4) == [small.done[2]]                           # everyone waits for everything
+
+
 @settings(max_examples=120, deadline=None)
 @given(st.integers(2, 64).flatmap(lambda k: st.tuples(
     st.just(k), st.integers(0, k - 1), st.sets(st.integers(0, k - 1), min_size=1, max_size=min(k, 6)))),
