@@ -153,9 +153,8 @@ def _on_sigterm(signum, frame):
 
 
 def _reap_children() -> None:
-    """At exit, stop any child process still running. Registered before Prefect's own exit hook,
-    so it runs after it: a Prefect client that reports once the run's temporary server is gone
-    (a slice task ending after a SIGTERM) starts another server, which must not outlive us."""
+    """At exit, stop any child process still running: a backstop, as `stop_all` stops the ranks
+    and `command_server` the command's Prefect server (and keeps any other from starting)."""
     import psutil
 
     children = psutil.Process().children(recursive=True)
@@ -172,7 +171,8 @@ def _reap_children() -> None:
             pass
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, final: bool = False) -> int:
+    """Run one command; `final`: the process exits right after (the installed `prism`)."""
     global _stopping
     args = _parser().parse_args(argv)
     _stopping = False
@@ -183,11 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "collect":
             print(_collect(cfg, out, args.slots))
             return 0
-        if args.command == "calibrate":
-            print(_calibrate(cfg, args))
-            return 0
-        if args.command in ("emulate", "run", "recalibrate"):
-            print(_emulate(cfg, args))
+        if args.command in ("calibrate", "emulate", "run", "recalibrate"):
+            from flows.server import command_server
+
+            with command_server(final=final):   # one Prefect server for the command, none after it
+                text = _calibrate(cfg, args) if args.command == "calibrate" else _emulate(cfg, args)
+            print(text)
             return 0
         if args.command == "serve":
             from flows.nightly import serve_nightly
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def main_exit() -> None:
     atexit.register(_reap_children)
-    sys.exit(main())
+    sys.exit(main(final=True))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ before any rank starts; help works."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -125,7 +126,6 @@ HANGING_SCRIPT = """
 
 @pytest.mark.timeout(300)
 def test_sigterm_stops_a_run_and_every_rank_it_started(tmp_path):
-    import os
     import signal
     import time
 
@@ -167,3 +167,21 @@ def test_sigterm_stops_a_run_and_every_rank_it_started(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert_nothing_left(tmp_path, script)
+    # nor any other process prism started (a Prefect server above all): they inherit its environment
+    left = _processes_with_env("HANG_FLAG", str(flag))
+    for p in left:
+        p.kill()
+    assert not left, f"left running after prism exited: {[' '.join(p.cmdline()) for p in left]}"
+
+
+def _processes_with_env(name: str, value: str) -> list:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(name) == value:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
