@@ -13,10 +13,12 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import dask
 from prefect import flow, task
+from prefect.exceptions import TerminationSignal
 from prefect.futures import as_completed, wait
 from prefect_dask import DaskTaskRunner
 
@@ -98,6 +100,23 @@ def _slots_per_slice(sandbox: int) -> float:
     return sandbox
 
 
+def _stop_slices(futures: list, timeout: float = 30.0) -> None:
+    """Stop the slices of an interrupted pass and let their tasks end and report now, while the
+    flow and its Prefect server are up. Inside a flow a SIGTERM reaches Prefect's handler (which
+    raises `TerminationSignal`), not prism's: no rank has been stopped yet. Left running, a slice
+    would keep the Dask cluster's close waiting, then end on a Dask thread while prism exits."""
+    from prism_core.launch.launcher import stop_all
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stop_all()   # the running slices' ranks, and those of a slice Dask has started meanwhile
+        try:
+            if not wait(futures, timeout=0.5).not_done:
+                return
+        except (KeyboardInterrupt, TerminationSignal):
+            pass     # a repeated signal (process managers often send two) must not cut this short
+
+
 def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -> dict:
     """Inside a flow: per timing pass, the slices as tasks on the flow's Dask runner, then calibration."""
     config = config_to_dict(cfg)
@@ -113,10 +132,7 @@ def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -
             for _ in as_completed(futures):   # every slice ends (or fails) before the flow reports
                 progress.step()
         except BaseException:
-            # interrupted (Ctrl-C, SIGTERM: the ranks are already stopped): let every slice task end
-            # and report while this run's Prefect server is still up; a task reporting after it
-            # stopped would start a temporary server of its own, left behind once we exit
-            wait(futures, timeout=60)
+            _stop_slices(futures)   # interrupted (Ctrl-C, SIGTERM)
             raise
         for f in futures:
             f.result()   # raises the first failed slice's error; finished slices stay for a rerun
