@@ -1,17 +1,19 @@
-"""Virtual bootstrap at scale: S=2 ranks of interest join a W-rank job and pass one barrier while the
-replay assistant stands in for the other W-2 ranks.
+"""Virtual bootstrap at scale: S=2 ranks of interest join a W-rank job, pass one barrier, take a
+broadcast and all-reduce one number, while the replay assistant stands in for the other W-2 ranks.
 
 For each W the two sandbox ranks (0 and W/2) run `bench/scripts/bootstrap_barrier.py` unmodified,
 with `TORCH_DIST_INIT_BARRIER=1` so that c10d's store-based barrier at `init_process_group` waits
 for all W ranks (the lowest sandbox rank adds the virtual ranks' count); the barrier is the prism
-backend's tree barrier, of which only the sandbox ranks' tree neighbours exist. The job's graph
-(per rank: start-up, the barrier, the end) is written for W ranks; at W=4 it is first checked
-equal, structurally, to the graph rules-mode collection records of the real script.
+backend's tree barrier, and the broadcast and one-number all-reduce the backend's trees, of which
+only the sandbox ranks' tree neighbours exist. The job's graph (per rank: start-up, the barrier,
+the broadcast, the all-reduce, the end) is written for W ranks; at W=4 it is first checked equal,
+structurally, to the graph rules-mode collection records of the real script.
 
     .venv/bin/python bench/scale.py [--worlds 64,256,1024,4096,8192,16384]
 
 Printed per W: the launch's wall time (process start to exit, both ranks and the assistant), the
-sandbox ranks' init and barrier times, the assistant's peak resident memory and gloo groups.
+sandbox ranks' init, barrier and tree-collective times, the assistant's peak resident memory and
+gloo groups; it stops if a sandbox rank did not receive rank 0's broadcast.
 """
 
 from __future__ import annotations
@@ -29,20 +31,28 @@ from prism_core.collect.stage import collect
 from prism_core.config import config_from_dict
 from prism_core.replay.slices import run_with_assistant
 from prism_core.trace import Trace, structural_diff, write_trace
-from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE
+from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE, REDUCE_CODE
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "bootstrap_barrier.py"
 
 
 def barrier_graph(world: int) -> Trace:
-    """Per rank: the compute before the barrier, the world barrier (group "0", call 0), the compute after."""
-    n = 3 * world
+    """Per rank, on the world group (c10d's "0"), between compute nodes: the barrier (call 0), a
+    broadcast of 256 floats from rank 0 (call 1), an all-reduce of one float (call 2)."""
+    per_rank = 7
+    n = per_rank * world
     columns = {name: np.zeros(n, dtype=dtype) for name, dtype in COLUMNS.items()}
-    kind = np.tile(np.array([COMPUTE, COMM, COMPUTE], dtype=np.int8), world)
+    kind = np.tile(np.array([COMPUTE, COMM, COMPUTE, COMM, COMPUTE, COMM, COMPUTE], dtype=np.int8), world)
+    comm = kind == COMM
     columns["kind"] = kind
-    columns["op"][kind == COMM] = OP_CODE["barrier"]
-    columns["group"][:] = np.where(kind == COMM, 0, -1)
+    columns["op"][comm] = np.tile([OP_CODE[o] for o in ("barrier", "broadcast", "allreduce")], world)
+    columns["seq"][comm] = np.tile([0, 1, 2], world)
+    columns["bytes"][comm] = np.tile([0, 256 * 4, 4], world)
+    columns["dtype"][comm] = np.tile([0, 1, 1], world)
+    columns["reduce"][comm] = np.tile([0, 0, REDUCE_CODE["sum"]], world)
+    columns["group"][:] = np.where(comm, 0, -1)
     columns["peer"][:] = -1
+    columns["peer"][comm] = np.tile([-1, 0, -1], world)
     columns["ref"][:] = -1
     columns["tag"][:] = -1
     columns["mb"][:] = -1
@@ -50,8 +60,8 @@ def barrier_graph(world: int) -> Trace:
     columns["seq"][kind == COMPUTE] = -1
     columns["t_start"][:] = np.nan
     columns["t_end"][:] = np.nan
-    return Trace(world_size=world, columns=columns, offsets=np.arange(0, n + 1, 3, dtype=np.int64),
-                 groups=[tuple(range(world))], group_names=["0"], labels=[""], dtypes=[""],
+    return Trace(world_size=world, columns=columns, offsets=np.arange(0, n + 1, per_rank, dtype=np.int64),
+                 groups=[tuple(range(world))], group_names=["0"], labels=[""], dtypes=["", "float32"],
                  step_peaks=[[] for _ in range(world)])
 
 
@@ -90,16 +100,19 @@ def main() -> None:
             ranks = [json.loads((out / "logs" / f"rank_{r}.log").read_text().strip().splitlines()[-1])
                      for r in sandbox]
             stats = json.loads((out / "replay" / "stats.json").read_text())
+            if not all(r["broadcast_ok"] for r in ranks):
+                raise SystemExit(f"W={world}: a sandbox rank did not get rank 0's broadcast: {ranks}")
             rows.append((world, wall, max(r["init_s"] for r in ranks), max(r["barrier_s"] for r in ranks),
-                         stats["max_rss_bytes"], stats["gloo_groups"], stats["wall_s"]))
+                         max(r["trees_s"] for r in ranks), stats["max_rss_bytes"], stats["gloo_groups"],
+                         stats["wall_s"]))
             print(f"W={world}: {wall:.1f} s", flush=True)
-    print(f"\n{'W':>6} {'wall (s)':>9} {'init (s)':>9} {'barrier (s)':>11} {'assistant RSS':>14} "
+    print(f"\n{'W':>6} {'wall (s)':>9} {'init (s)':>9} {'barrier (s)':>11} {'trees (s)':>9} {'assistant RSS':>14} "
           f"{'gloo groups':>11} {'assistant (s)':>13}")
-    for world, wall, init, barrier, rss, groups, assistant in rows:
-        print(f"{world:>6} {wall:9.2f} {init:9.3f} {barrier:11.3f} {rss / 2**20:11.0f} MiB {groups:>11} "
+    for world, wall, init, barrier, trees, rss, groups, assistant in rows:
+        print(f"{world:>6} {wall:9.2f} {init:9.3f} {barrier:11.3f} {trees:9.3f} {rss / 2**20:11.0f} MiB {groups:>11} "
               f"{assistant:13.2f}")
     print("wall: launch to exit of both sandbox ranks and the assistant (Python and torch start-up included); "
-          "init / barrier: inside the slower sandbox rank")
+          "init / barrier / trees (broadcast + all-reduce): inside the slower sandbox rank")
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ def test_pruned_barrier_releases_after_all_and_moves_the_full_trees_tokens(k, da
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "bootstrap_barrier.py"
 
 
-def test_sandbox_ranks_pass_a_barrier_with_only_their_tree_neighbours(tmp_path, monkeypatch):
+def test_sandbox_ranks_pass_a_barrier_and_trees_with_only_their_tree_neighbours(tmp_path, monkeypatch):
     # W=6, TORCH_DIST_INIT_BARRIER=1: c10d's store barrier at init waits for all 6 ranks, the tree
     # barrier needs the neighbours. Sandbox {1}: virtual root 0 releases, virtual child 3 and 4
     # take rank 1's release token (the assistant must stay until they have it). Sandbox {0, 5}:
@@ -137,5 +137,5 @@ def test_sandbox_ranks_pass_a_barrier_with_only_their_tree_neighbours(tmp_path, 
         assert stats["gloo_groups"] == len(neighbours) and stats["virtual_ranks"] == 6 - len(sandbox)
         for r in sandbox:
             line = json.loads((out / "logs" / f"rank_{r}.log").read_text().strip().splitlines()[-1])
-            assert line["world_size"] == 6
+            assert line["world_size"] == 6 and line["broadcast_ok"]      # the tree broadcast from rank 0
     assert_no_rank_processes()
