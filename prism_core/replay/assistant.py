@@ -208,6 +208,7 @@ class Assistant:
         self.pruning = _pruning(trace, self.real_groups, self.ring, self.sandbox)
         self.rings: dict[int, _RingOp] = {}      # op id -> ring or tree op in progress
         self._positions: dict[int, frozenset[int]] = {}   # group -> its sandbox ranks' positions
+        self._index: dict[int, dict[int, int]] = {}        # group -> rank -> position
         self._shapes: dict[int, object] = {}
         self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
         self.moves: list = []                    # barrier tokens in flight (the run ends after them)
@@ -262,7 +263,7 @@ class Assistant:
             for rank in self._virtual_members(g):
                 # made before the replay starts: made later, beside live gloo traffic, a lazily
                 # initialised ProcessGroupGloo was seen to block in its constructor
-                self.pgs[(rank, g)] = dist.ProcessGroupGloo(store, members.index(rank), len(members), timeout)
+                self.pgs[(rank, g)] = dist.ProcessGroupGloo(store, self._position(g, rank), len(members), timeout)
 
     def _named(self, g: int) -> bool:
         """The graph records the group's c10d name (it was collected, not made by DP expansion)."""
@@ -276,7 +277,7 @@ class Assistant:
         if g not in pruning.prunable:
             needed = set(range(len(members)))
         else:
-            needed = {members.index(r) for r in pruning.p2p_peers.get(g, ())}
+            needed = {self._position(g, r) for r in pruning.p2p_peers.get(g, ())}
             if g in pruning.with_barrier:
                 needed |= self._shape(g).neighbours
             if g in pruning.with_ring:
@@ -284,6 +285,13 @@ class Assistant:
             for root in pruning.tree_roots.get(g, ()):
                 needed |= tree_neighbours(len(members), root, set(self._sandbox_positions(g)))
         return [members[p] for p in sorted(needed) if members[p] not in self.sandbox]
+
+    def _position(self, g: int, rank: int) -> int:
+        """`rank`'s position in group `g` (a dict per group: `tuple.index` is O(W) per call)."""
+        found = self._index.get(g)
+        if found is None:
+            found = self._index[g] = {r: p for p, r in enumerate(self.trace.groups[g])}
+        return found[rank]
 
     def _sandbox_positions(self, g: int) -> frozenset[int]:
         found = self._positions.get(g)
@@ -485,11 +493,11 @@ class Assistant:
         kind = OPS[c["op"][i]]
         peer = int(c["peer"][i])
         holder, key = self._cached_as(rank, i)
-        spec = OpSpec(kind=kind, key=key, group=tuple(members), me=members.index(rank), nbytes=int(c["bytes"][i]),
+        spec = OpSpec(kind=kind, key=key, group=tuple(members), me=self._position(g, rank), nbytes=int(c["bytes"][i]),
                       dtype=getattr(torch, self.trace.dtypes[c["dtype"][i]] or "float32"),
                       reduce=REDUCE_OPS[c["reduce"][i]],
-                      root=members.index(peer) if c["op"][i] in ROOTED_OPS and peer >= 0 else None,
-                      peer=members.index(peer) if kind in ("send", "recv") else None, tag=int(c["tag"][i]))
+                      root=self._position(g, peer) if c["op"][i] in ROOTED_OPS and peer >= 0 else None,
+                      peer=self._position(g, peer) if kind in ("send", "recv") else None, tag=int(c["tag"][i]))
         if kind == "all_to_all_single" and c["splits"][i]:
             spec.member_splits, spec.row_bytes = self._member_splits(i, members)
         tensors = prepare(spec, holder, self.inputs)
@@ -614,7 +622,7 @@ class Assistant:
         del self.rings[op_id]
         c = self.trace.columns
         kind = RING_KINDS[self.ring[i]]
-        root = 0 if kind == "tree_allreduce" else members.index(int(c["peer"][i]))
+        root = 0 if kind == "tree_allreduce" else self._position(g, int(c["peer"][i]))
         parts = sorted(tree_neighbours(len(members), root, set(sandbox)))
         if not parts:
             self._ring_done(tree)
@@ -626,7 +634,7 @@ class Assistant:
                         load=lambda p: self._member_input(members[p], nodes[members[p]], numel, dtype))
         queued = [(p, shared.part(p)) for p in parts]
         for member, handle in zip(tree.nodes, tree.handles):
-            self._complete_after(handle, shared.depends(members.index(member)))
+            self._complete_after(handle, shared.depends(self._position(g, member)))
         for p, part in queued:
             key = (members[p], g, "tree")
             pending = self.pending.setdefault(key, deque())
@@ -724,7 +732,7 @@ class Assistant:
             for c, q in shape.up_to_sandbox.items():      # the release from a sandbox parent
                 self._token(members[c], g, q, send=False, then=b.settle)
         b.handles.append(h)
-        b.ready(members.index(rank))
+        b.ready(self._position(g, rank))
 
     def _token(self, rank: int, g: int, peer: int, send: bool, then=None) -> None:
         """Send or receive a barrier token on virtual `rank`'s gloo group (on a pool thread: the first
