@@ -81,10 +81,49 @@ class TreeOp:
         return found.result()
 
     def _fold(self, node: int) -> torch.Tensor:
+        if node not in self._on_sandbox_paths():
+            return self._fold_virtual(node)
         acc = self.load(node)          # `_combine` makes new tensors: the loaded one stays as it is
         for c in tree_children(node, self.k, self.root):
             acc = _combine(acc, self.value(c), self.op)
         return acc
+
+    def _on_sandbox_paths(self) -> set[int]:
+        """The sandbox ranks and their ancestors: the nodes whose subtree holds a sandbox rank."""
+        with self._lock:
+            if not hasattr(self, "_paths"):
+                paths = set()
+                for q in self.sandbox:
+                    node = q
+                    while node is not None and node not in paths:
+                        paths.add(node)
+                        node = tree_parent(node, self.k, self.root)
+                self._paths = paths
+            return self._paths
+
+    def _fold_virtual(self, top: int) -> torch.Tensor:
+        """The reduction of a subtree of virtual ranks only, a level at a time from the bottom up:
+        each node's input, then its first child's value, then its second's — per element the
+        same operations in the same order as node by node, so the same bits."""
+        k, root = self.k, self.root
+        levels = []                                  # (first j, last j) of each level, j = position - root
+        lo = hi = (top - root) % k
+        while lo < k:
+            levels.append((lo, min(hi, k - 1)))
+            lo, hi = 2 * lo + 1, 2 * hi + 2
+        below = None                                 # values of the level under the current one
+        for lo, hi in reversed(levels):
+            acc = torch.stack([self.load((root + j) % k) for j in range(lo, hi + 1)])
+            if below is not None:
+                child_lo = 2 * lo + 1
+                j = torch.arange(lo, hi + 1)
+                for first in (1, 2):
+                    c = 2 * j + first
+                    has = c < k
+                    if bool(has.any()):
+                        acc[has] = _combine(acc[has], below[c[has] - child_lo], self.op)
+            below = acc
+        return below[0]
 
     def data_at(self, node: int) -> torch.Tensor:
         """What virtual `node` holds once the broadcast passed it."""
