@@ -13,17 +13,13 @@ receives the last one into the output.
 The receive buffer comes from numpy, not torch's allocator: like gloo's own buffers it stays out
 of the peak-memory count, which would otherwise depend on when this thread ran. Rings of one
 group run one at a time, in issue order, on the group's worker thread, so successive rings on
-the same tag cannot interleave — except that a program waiting on a ring nobody has started,
-with nothing before it still running, runs it itself: a synchronous collective then costs no
-hand-over between threads (measured on this 2-vCPU machine, a one-step ring all-gather against
-a peer that was there first: 0.24 ms median and 2.3 ms p90 through the worker thread, 0.09 and
-0.11 ms run by the waiting thread).
+the same tag cannot interleave.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
-from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -95,14 +91,11 @@ def ring_reduce_scatter_inplace(pg, blocks: list[torch.Tensor], out: torch.Tenso
 class RingWork:
     """The work of one ring: its future completes (with the op's tensors) when the ring is done."""
 
-    def __init__(self, runner: RingRunner | None = None):
+    def __init__(self):
         self.future = torch.futures.Future()
         self.finished = threading.Event()     # set once the ring's thread holds nothing of the op
-        self._runner = runner
 
     def wait(self, timeout=None) -> bool:
-        if self._runner is not None:
-            self._runner.run_here(self)
         self.future.wait()       # raises the ring's error, if it failed
         self.finished.wait()
         return True
@@ -115,57 +108,26 @@ class RingWork:
 
 
 class RingRunner:
-    """One daemon thread per group that runs its rings in issue order, one at a time."""
+    """One daemon thread per group that runs its rings in issue order."""
 
     def __init__(self, name: str):
-        self._items: deque = deque()
-        self._busy = False               # a ring of this group is running (on either thread)
-        self._cv = threading.Condition()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=f"prism-ring-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, run: Callable[[], None], result: list[torch.Tensor]) -> RingWork:
         """Queue `run` (one ring); the work's future gets `result` (the op's output tensors)."""
-        work = RingWork(self)
-        with self._cv:
-            self._items.append([run, result, work])
-            self._cv.notify_all()
+        work = RingWork()
+        self._queue.put([run, result, work])
         return work
 
-    def run_here(self, work: RingWork) -> None:
-        """Run `work`'s ring on the calling thread if it is next and nothing is running."""
-        with self._cv:
-            if self._busy or not self._items or self._items[0] is None or self._items[0][2] is not work:
-                return
-            item = self._items.popleft()
-            self._busy = True
-        try:
-            _run_one(item)
-        finally:
-            del item
-            with self._cv:
-                self._busy = False
-                self._cv.notify_all()
-
     def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while self._busy or not self._items:
-                    self._cv.wait()
-                item = self._items.popleft()
-                if item is None:
-                    return
-                self._busy = True
+        while (item := self._queue.get()) is not None:
             _run_one(item)
             del item
-            with self._cv:
-                self._busy = False
-                self._cv.notify_all()
 
     def close(self) -> None:
-        with self._cv:
-            self._items.append(None)
-            self._cv.notify_all()
+        self._queue.put(None)
 
 
 def _run_one(item: list) -> None:
