@@ -47,7 +47,7 @@ def tree_neighbours(k: int, root: int, sandbox: set[int]) -> set[int]:
 
 
 class TreeOp:
-    """What the parts of one tree op share: inputs, what the wire brought, memoised reductions."""
+    """What the parts of one tree op share: inputs, what the wire brought, the root's reduction."""
 
     def __init__(self, kind: str, k: int, root: int, sandbox: frozenset[int], op: str, numel: int,
                  dtype: torch.dtype, load: Callable[[int], torch.Tensor]):
@@ -58,6 +58,20 @@ class TreeOp:
         self.done: dict[int, Future] = {}                                # each part: finished
         self._root_value: Future | None = None
         self._lock = threading.Lock()
+        # the sandbox ranks and their ancestors (whose subtrees hold a sandbox rank), and per virtual
+        # node the sandbox ranks whose partials pass through it on the way up (a walk stops at the
+        # first sandbox ancestor, whose own partial carries them on)
+        self._paths: set[int] = set()
+        self._below: dict[int, list[int]] = {}
+        for q in sandbox:
+            node = q
+            while node is not None and node not in self._paths:
+                self._paths.add(node)
+                node = tree_parent(node, k, root)
+            up = tree_parent(q, k, root)
+            while up is not None and up not in sandbox:
+                self._below.setdefault(up, []).append(q)
+                up = tree_parent(up, k, root)
 
     def value(self, node: int) -> torch.Tensor:
         """`node`'s subtree reduction as the full tree folds it. Each node's is asked for once (by
@@ -81,25 +95,12 @@ class TreeOp:
         return found.result()
 
     def _fold(self, node: int) -> torch.Tensor:
-        if node not in self._on_sandbox_paths():
+        if node not in self._paths:
             return self._fold_virtual(node)
         acc = self.load(node)          # `_combine` makes new tensors: the loaded one stays as it is
         for c in tree_children(node, self.k, self.root):
             acc = _combine(acc, self.value(c), self.op)
         return acc
-
-    def _on_sandbox_paths(self) -> set[int]:
-        """The sandbox ranks and their ancestors: the nodes whose subtree holds a sandbox rank."""
-        with self._lock:
-            if not hasattr(self, "_paths"):
-                paths = set()
-                for q in self.sandbox:
-                    node = q
-                    while node is not None and node not in paths:
-                        paths.add(node)
-                        node = tree_parent(node, self.k, self.root)
-                self._paths = paths
-            return self._paths
 
     def _fold_virtual(self, top: int) -> torch.Tensor:
         """The reduction of a subtree of virtual ranks only, a level at a time from the bottom up:
@@ -125,12 +126,18 @@ class TreeOp:
             below = acc
         return below[0]
 
-    def data_at(self, node: int) -> torch.Tensor:
-        """What virtual `node` holds once the broadcast passed it."""
+    def _from_sandbox(self, node: int) -> int | None:
+        """The virtual child of `node`'s nearest sandbox ancestor on its path (the part that receives
+        what that ancestor sends down), or None when no ancestor is a sandbox rank."""
         below, up = node, tree_parent(node, self.k, self.root)
         while up is not None and up not in self.sandbox:
             below, up = up, tree_parent(up, self.k, self.root)
-        if up is not None:                    # `below` is the sandbox ancestor's virtual child
+        return None if up is None else below
+
+    def data_at(self, node: int) -> torch.Tensor:
+        """What virtual `node` holds once the broadcast passed it."""
+        below = self._from_sandbox(node)
+        if below is not None:
             return self.down_future(below).result()
         if self.kind == "tree_broadcast":
             return self.load(self.root)
@@ -150,27 +157,9 @@ class TreeOp:
             return list(self.done.values())
         out = [self.done[node]] if node in self.done else []
         if self.kind == "tree_broadcast":
-            below, up = node, tree_parent(node, self.k, self.root)
-            while up is not None and up not in self.sandbox:
-                below, up = up, tree_parent(up, self.k, self.root)
-            if up is not None:
-                out.append(self.down_future(below))
-            return out
-        return out + [self.up[q] for q in self._sandbox_below().get(node, ())]
-
-    def _sandbox_below(self) -> dict[int, list[int]]:
-        """Per virtual node: the sandbox ranks whose partials pass through it on the way up (each
-        walk stops at the first sandbox ancestor, whose own partial carries them on)."""
-        with self._lock:
-            if not hasattr(self, "_below"):
-                below: dict[int, list[int]] = {}
-                for q in self.sandbox:
-                    up = tree_parent(q, self.k, self.root)
-                    while up is not None and up not in self.sandbox:
-                        below.setdefault(up, []).append(q)
-                        up = tree_parent(up, self.k, self.root)
-                self._below = below
-            return self._below
+            below = self._from_sandbox(node)
+            return out if below is None else out + [self.down_future(below)]
+        return out + [self.up[q] for q in self._below.get(node, ())]
 
 
 class TreePart:
