@@ -4,7 +4,6 @@ their tree neighbours and point-to-point peers exist on the wire."""
 
 from __future__ import annotations
 
-import collections
 import json
 import queue
 import threading
@@ -158,22 +157,26 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_tree_neighbours_and_peer
 class _Mailboxes:
     """In-memory point-to-point links between tree positions: per (src, dst) a queue of tensors."""
     def __init__(self):
-        self.boxes = collections.defaultdict(queue.Queue)
+        self.boxes: dict = {}
         self.links = set()
         self.lock = threading.Lock()
 
+    def box(self, src, dst) -> queue.Queue:
+        with self.lock:     # made under the lock: two threads must not each make their own
+            return self.boxes.setdefault((src, dst), queue.Queue())
+
     def pg(self, me):
-        boxes, links, lock = self.boxes, self.links, self.lock
+        wire = self
 
         class _Pg:
             def send(self, tensors, dst, tag):
-                with lock:
-                    links.add((me, dst))
-                boxes[(me, dst)].put(tensors[0].clone())
+                with wire.lock:
+                    wire.links.add((me, dst))
+                wire.box(me, dst).put(tensors[0].clone())
                 return _Done()
 
             def recv(self, tensors, src, tag):
-                tensors[0].copy_(boxes[(src, me)].get(timeout=20))
+                tensors[0].copy_(wire.box(src, me).get(timeout=20))
                 return _Done()
         return _Pg()
 
