@@ -6,6 +6,7 @@ that none of those processes, nor any process running the script, still exists.
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 import time
@@ -104,3 +105,15 @@ def assert_no_rank_processes() -> None:
             break
         time.sleep(0.05)
     assert not left, f"processes left running: {left}"
+
+
+def rank_result(run_dir: Path, rank: int) -> dict:
+    """What a rank printed on its `RESULT <json>` line (the scripts' way to report values)."""
+    lines = (Path(run_dir) / "logs" / f"rank_{rank}.log").read_text().splitlines()
+    return json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
+
+
+class DoneWork:
+    """A finished work, for gloo-group stand-ins in unit tests."""
+    def wait(self):
+        return True

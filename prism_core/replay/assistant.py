@@ -567,16 +567,10 @@ class Assistant:
         from prism_core.replay.ring import RingPart
         from prism_core.trace.schema import REDUCE_OPS
 
-        op_id = int(self.match.op_id[i])
-        ring = self.rings.get(op_id)
+        ring = self._all_arrived(rank, i, g, h)
         if ring is None:
-            ring = self.rings[op_id] = _RingOp()
-        ring.handles.append(h)
-        ring.nodes[rank] = i
-        members = self.trace.groups[g]
-        if len(ring.handles) < len(members) - len(self._sandbox_positions(g)):
             return
-        del self.rings[op_id]
+        members = self.trace.groups[g]
         sandbox = self._sandbox_positions(g)
         parts = sorted(self._ring_neighbours(g))
         ring.parts = len(parts)
@@ -591,13 +585,7 @@ class Assistant:
             rank_p = members[p]
             part = RingPart(kind=RING_KINDS[self.ring[i]], me=p, k=len(members), sandbox=sandbox, op=op,
                             numel=numel, dtype=getattr(torch, dtype), load=lambda i=ring.nodes[rank_p]: self._ring_inputs(i, members, numel, dtype))
-            pg_key = (rank_p, g)
-            pending = self.pending.setdefault(pg_key, deque())
-            with self.lock:
-                busy = bool(pending)
-                pending.append((ring.nodes[rank_p], part, None, ring))
-            if not busy:
-                self.pool.submit(self._drain, pg_key)
+            self._enqueue((rank_p, g), (ring.nodes[rank_p], part, None, ring))
 
     def _issue_tree(self, rank: int, i: int, g: int, h: _Handle) -> None:
         """Count this virtual member in; once all are, the sandbox ranks' tree neighbours play their
@@ -609,17 +597,11 @@ class Assistant:
         from prism_core.replay.tree import TreeOp, tree_neighbours
         from prism_core.trace.schema import REDUCE_OPS
 
-        op_id = int(self.match.op_id[i])
-        tree = self.rings.get(op_id)
+        tree = self._all_arrived(rank, i, g, h)
         if tree is None:
-            tree = self.rings[op_id] = _RingOp()
-        tree.handles.append(h)
-        tree.nodes[rank] = i
+            return
         members = self.trace.groups[g]
         sandbox = self._sandbox_positions(g)
-        if len(tree.handles) < len(members) - len(sandbox):
-            return
-        del self.rings[op_id]
         c = self.trace.columns
         kind = RING_KINDS[self.ring[i]]
         root = 0 if kind == "tree_allreduce" else self._position(g, int(c["peer"][i]))
@@ -636,13 +618,30 @@ class Assistant:
         for member, handle in zip(tree.nodes, tree.handles):
             self._complete_after(handle, shared.depends(self._position(g, member)))
         for p, part in queued:
-            key = (members[p], g, "tree")
-            pending = self.pending.setdefault(key, deque())
-            with self.lock:
-                busy = bool(pending)
-                pending.append((nodes[members[p]], part, None, None))
-            if not busy:
-                self.pool.submit(self._drain, key)
+            self._enqueue((members[p], g, "tree"), (nodes[members[p]], part, None, None))
+
+    def _all_arrived(self, rank: int, i: int, g: int, h: _Handle) -> _RingOp | None:
+        """Count virtual `rank` (at node `i`, handle `h`) into the ring or tree op of group `g`;
+        the op, once every virtual member has arrived, else None."""
+        op_id = int(self.match.op_id[i])
+        op = self.rings.get(op_id)
+        if op is None:
+            op = self.rings[op_id] = _RingOp()
+        op.handles.append(h)
+        op.nodes[rank] = i
+        if len(op.handles) < len(self.trace.groups[g]) - len(self._sandbox_positions(g)):
+            return None
+        del self.rings[op_id]
+        return op
+
+    def _enqueue(self, key: tuple, item: tuple) -> None:
+        """Queue `item` (node, spec, tensors, handle) behind what `key`'s queue holds, in order."""
+        pending = self.pending.setdefault(key, deque())
+        with self.lock:
+            busy = bool(pending)
+            pending.append(item)
+        if not busy:
+            self.pool.submit(self._drain, key)
 
     def _complete_after(self, h: _Handle, futures: list) -> None:
         """Complete `h` when every future is done (at once, with none)."""

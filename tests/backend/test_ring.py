@@ -4,8 +4,6 @@ order, and what the rings do not serve goes to gloo's algorithm."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -13,7 +11,7 @@ from prism_core.backend.ring import scratch
 from prism_core.config import load_config
 from prism_core.record import record
 
-from tests.jobs import assert_nothing_left, make_job
+from tests.jobs import assert_nothing_left, make_job, rank_result
 
 RINGS = """
     import json
@@ -84,8 +82,7 @@ def test_every_rank_ends_with_the_rings_result_to_the_bit(tmp_path):
     config, script = make_job(tmp_path, RINGS, world_size=4)
     record(load_config(config), tmp_path / "out", echo=False)
     for rank in range(4):
-        lines = (tmp_path / "out" / "logs" / f"rank_{rank}.log").read_text().splitlines()
-        results = json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
+        results = rank_result(tmp_path / "out", rank)
         assert results == {"sum": True, "max": True, "min": True, "bf16": True, "int": True, "async": True,
                            "all_gather": True, "reduce_scatter": True, "fallbacks": True}, f"rank {rank}"
     assert_nothing_left(tmp_path, script)

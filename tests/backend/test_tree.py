@@ -4,15 +4,13 @@ results to the bit on every rank."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from prism_core.backend.pruned import tree_algorithm
 from prism_core.config import load_config
 from prism_core.record import record
 
-from tests.jobs import assert_nothing_left, make_job
+from tests.jobs import assert_nothing_left, make_job, rank_result
 
 TREES = """
     import json
@@ -79,7 +77,6 @@ def test_every_rank_ends_with_the_trees_result_to_the_bit(tmp_path):
     expected = {**{f"broadcast{root}": True for root in range(5)}, "broadcast_bool": True,
                 **{f"reduce{root}": True for root in range(4)}, "small_sum": True, "small_max": True, "strided": True}
     for rank in range(5):
-        lines = (tmp_path / "out" / "logs" / f"rank_{rank}.log").read_text().splitlines()
-        results = json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
+        results = rank_result(tmp_path / "out", rank)
         assert results == expected, f"rank {rank}"
     assert_nothing_left(tmp_path, script)

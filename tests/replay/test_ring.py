@@ -16,7 +16,7 @@ from prism_core.record import record
 from prism_core.replay.ring import RingPart, ring_neighbours
 from prism_core.replay.slices import run_with_assistant
 
-from tests.jobs import assert_no_rank_processes
+from tests.jobs import DoneWork, assert_no_rank_processes, rank_result
 
 SCRIPT = """
 import json
@@ -59,11 +59,6 @@ dist.destroy_process_group()
 """
 
 
-def _results(run_dir, rank):
-    lines = (run_dir / "logs" / f"rank_{rank}.log").read_text().splitlines()
-    return json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
-
-
 def test_neighbours_of_sandbox_positions():
     assert ring_neighbours(6, {1}) == {0, 2}
     assert ring_neighbours(6, {1, 3}) == {0, 2, 4}
@@ -78,16 +73,11 @@ class _Recorder:
 
     def send(self, tensors, dst, tag):
         self.sent.append((dst, tensors[0].clone()))
-        return _Done()
+        return DoneWork()
 
     def recv(self, tensors, src, tag):
         self.received.append((src, tensors[0].numel()))
-        return _Done()
-
-
-class _Done:
-    def wait(self):
-        return True
+        return DoneWork()
 
 
 def test_a_left_neighbour_sends_the_full_rings_partials():
@@ -114,7 +104,7 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tm
                                                      "warmup": 1, "timeout_s": 120},
                             "emulation": {"collect_mode": "context_switch", "sandbox": 2}})
     record(cfg, tmp_path / "record", echo=False)
-    real = {r: _results(tmp_path / "record", r) for r in range(6)}
+    real = {r: rank_result(tmp_path / "record", r) for r in range(6)}
     graph = collect(cfg, tmp_path / "collect")
     # {1}: virtual 0 sends, virtual 2 receives; {1, 3}: virtual 2 sits between two sandbox ranks;
     # {0, 5}: neighbours 1 and 4, the ring wraps from 5 to 0
@@ -124,5 +114,5 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tm
         stats = json.loads((out / "replay" / "stats.json").read_text())
         assert stats["gloo_groups"] == len(neighbours), sandbox
         for r in sandbox:
-            assert _results(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
+            assert rank_result(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
     assert_no_rank_processes()

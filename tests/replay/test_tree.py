@@ -20,7 +20,7 @@ from prism_core.record import record
 from prism_core.replay.slices import run_with_assistant
 from prism_core.replay.tree import TreeOp, tree_neighbours
 
-from tests.jobs import assert_no_rank_processes
+from tests.jobs import DoneWork, assert_no_rank_processes, rank_result
 
 SCRIPT = """
 import json
@@ -58,11 +58,6 @@ dist.destroy_process_group()
 """
 
 
-def _results(run_dir, rank):
-    lines = (run_dir / "logs" / f"rank_{rank}.log").read_text().splitlines()
-    return json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
-
-
 def test_neighbours_in_trees_of_any_root():
     assert tree_neighbours(7, 0, {1}) == {0, 3, 4}
     assert tree_neighbours(7, 4, {1}) == {5}            # position 1 is the root's 4th: parent 5
@@ -78,16 +73,11 @@ class _Wire:
 
     def send(self, tensors, dst, tag):
         self.sent.append((dst, tensors[0].clone()))
-        return _Done()
+        return DoneWork()
 
     def recv(self, tensors, src, tag):
         tensors[0].copy_(self.incoming[src])
-        return _Done()
-
-
-class _Done:
-    def wait(self):
-        return True
+        return DoneWork()
 
 
 def _op(kind, k, root, sandbox, inputs, op="sum"):
@@ -134,7 +124,7 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_tree_neighbours_and_peer
                                                      "warmup": 1, "timeout_s": 120},
                             "emulation": {"collect_mode": "context_switch", "sandbox": 2}})
     record(cfg, tmp_path / "record", echo=False)
-    real = {r: _results(tmp_path / "record", r) for r in range(7)}
+    real = {r: rank_result(tmp_path / "record", r) for r in range(7)}
     graph = collect(cfg, tmp_path / "collect")
     # {1}: roots 0 (broadcast, all-reduce) -> 0, 3, 4; root 4 -> 5; root 2 (reduce) -> 4; peers 0, 2.
     # {2, 5}: the reduce's root itself, and 5 under 2 in the tree rooted at 0.
@@ -150,7 +140,7 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_tree_neighbours_and_peer
         assert stats["gloo_groups"] == len(wire), sandbox
         assert sandbox != [1] or len(wire) == 5          # rank 6 is pruned
         for r in sandbox:
-            assert _results(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
+            assert rank_result(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
     assert_no_rank_processes()
 
 
@@ -173,11 +163,11 @@ class _Mailboxes:
                 with wire.lock:
                     wire.links.add((me, dst))
                 wire.box(me, dst).put(tensors[0].clone())
-                return _Done()
+                return DoneWork()
 
             def recv(self, tensors, src, tag):
                 tensors[0].copy_(wire.box(src, me).get(timeout=20))
-                return _Done()
+                return DoneWork()
         return _Pg()
 
 
