@@ -29,6 +29,7 @@ from prism_core.backend.ring import (
     RingRunner, ring_allgather_inplace, scratch, ring_allreduce_inplace, ring_reduce_scatter_inplace,
 )
 from prism_core.backend.reduce_ops import reduce_name
+from prism_core.backend.transport_threads import make_gloo_group
 from prism_core.trace.recorder import Recorder
 
 
@@ -132,7 +133,8 @@ class PrismProcessGroup(dist.ProcessGroup):
                  group_id: str, recorder: Recorder | None, inner=None):
         super().__init__(rank, size)
         if inner is None:
-            inner = dist.ProcessGroupGloo(dist.PrefixStore("prism_gloo/", store), rank, size, timeout)
+            inner = make_gloo_group(lambda: dist.ProcessGroupGloo(dist.PrefixStore("prism_gloo/", store), rank, size,
+                                                                  timeout))
         self._inner = inner
         self._gloo = isinstance(inner, dist.ProcessGroupGloo)
         self._global_ranks = tuple(global_ranks) if global_ranks else tuple(range(size))

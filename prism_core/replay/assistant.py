@@ -250,6 +250,7 @@ class Assistant:
         import torch.distributed as dist
 
         from prism_core.backend.install import group_name_key
+        from prism_core.backend.transport_threads import make_gloo_group
 
         nth = _nth_of_rank_set(self.trace)
         timeout = datetime.timedelta(seconds=self.timeout_s)
@@ -263,7 +264,8 @@ class Assistant:
             for rank in self._virtual_members(g):
                 # made before the replay starts: made later, beside live gloo traffic, a lazily
                 # initialised ProcessGroupGloo was seen to block in its constructor
-                self.pgs[(rank, g)] = dist.ProcessGroupGloo(store, self._position(g, rank), len(members), timeout)
+                self.pgs[(rank, g)] = make_gloo_group(
+                    lambda: dist.ProcessGroupGloo(store, self._position(g, rank), len(members), timeout))
 
     def _named(self, g: int) -> bool:
         """The graph records the group's c10d name (it was collected, not made by DP expansion)."""
@@ -838,6 +840,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     import torch
     import torch.distributed as dist
 
+    from prism_core.backend.transport_threads import loop_policies
     from prism_core.collect.context_switch import REPLICA_SOURCE
     from prism_core.runtime import write_json_atomic
     from prism_core.trace import load_trace
@@ -862,6 +865,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "stats.json", {
         "virtual_ranks": len(assistant.virtual), "gloo_groups": len(assistant.pgs),
+        "gloo_loop_policies": sorted(loop_policies().values()),
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,

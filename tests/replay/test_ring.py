@@ -5,6 +5,7 @@ on one side or between two sandbox ranks."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -113,6 +114,8 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tm
         run_with_assistant(cfg, graph.directory, sandbox, out)
         stats = json.loads((out / "replay" / "stats.json").read_text())
         assert stats["gloo_groups"] == len(neighbours), sandbox
+        assert stats["gloo_loop_policies"] and set(stats["gloo_loop_policies"]) == {os.SCHED_IDLE}, \
+            "every gloo device loop of the assistant in the idle class"
         for r in sandbox:
             assert rank_result(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
     assert_no_rank_processes()
