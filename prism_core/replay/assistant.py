@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 ENV_LAZY_GLOO = "TORCH_GLOO_LAZY_INIT"
+MAX_LEAD_S = 2e-3        # timed mode: the most a rank's timer fires ahead of its clock
 ASSISTANT = "assistant"
 
 
@@ -62,12 +63,13 @@ class _Local:
 class _RingOp:
     """One ring all-reduce of a group holding a sandbox rank: its virtual members' handles, the
     node each is at, and the neighbour parts still running."""
-    __slots__ = ("handles", "nodes", "parts")
+    __slots__ = ("handles", "nodes", "parts", "last")
 
     def __init__(self):
         self.handles: list[_Handle] = []
         self.nodes: dict[int, int] = {}
         self.parts = 0
+        self.last = 0.0           # when the latest finished part's gloo works completed
 
 
 class _Call:
@@ -223,6 +225,11 @@ class Assistant:
         self.timers: list = []
         self._timer_seq = 0
         self.clock: dict[int, float] = {}
+        # timed mode: a rank's timer fires `lead` s before its clock, so that the gloo op it
+        # issues next reaches gloo on time; fed back from each such issue (see _issued_on_time)
+        self.lead = 0.0
+        self._targets: dict[int, float] = {}     # rank -> the clock it was woken for, its gloo op pending
+        self._woken: dict[int, float] = {}       # rank -> the clock its timer woke it for
         self._ranks = None        # rank of every node, when first needed
         self.source = source      # DP-expanded graph: per rank, the collected rank it copies
 
@@ -336,8 +343,8 @@ class Assistant:
                         i += 1
                         if span is not None:                          # timed: the node takes its time
                             self.clock[r] += span[i - 1]
-                            if self.clock[r] > time.perf_counter():
-                                self._at(self.clock[r], r)
+                            if self.clock[r] - self.lead > time.perf_counter():
+                                self._at(self.clock[r] - self.lead, r)
                                 blocked[r] = (i - 1, "computing at")
                                 break
                         continue
@@ -369,6 +376,7 @@ class Assistant:
                 if isinstance(what, _Handle):
                     self._finish(what, ready)
                 else:
+                    self._woken[what] = self.clock[what]
                     ready.append(what)
             if ready:
                 continue
@@ -413,6 +421,18 @@ class Assistant:
             h.when = arrived + self.model.transfer[i]
             self._at(h.when, h)
 
+    def _issued_on_time(self, rank: int) -> None:
+        """Timed mode, `rank`'s gloo op reaching gloo: move `lead` a tenth of the way towards
+        making such an issue land on the clock the rank was woken for. Only an op issued right
+        after a timer wake-up, not queued behind others, says how late the wake-up and the
+        hand-over to a gloo thread are; a stale target (another member's part issued for a rank)
+        shows as a lateness beyond any lead and is ignored."""
+        target = self._targets.pop(rank, None)
+        if target is not None:
+            late = time.perf_counter() - target
+            if abs(late) < MAX_LEAD_S:
+                self.lead = min(max(self.lead + 0.1 * late, 0.0), MAX_LEAD_S)
+
     def _finish(self, h: _Handle, ready: deque) -> None:
         h.done = True
         h.keep = None
@@ -437,13 +457,19 @@ class Assistant:
         from prism_core.trace.schema import OPS, P2P_OPS
 
         c = self.trace.columns
-        self.arrivals[i] = time.perf_counter()
+        now = time.perf_counter()
+        woken_for = self._woken.pop(rank, None)
+        if self.model is not None:   # woken up to `lead` early: in-process ops arrive on the clock
+            now = max(now, self.clock[rank])
+        self.arrivals[i] = now
         h = _Handle()
         g = int(c["group"][i])
         op = int(c["op"][i])
         if g in self.real_groups and OPS[op] == "barrier":
             self._issue_barrier(rank, i, g, h)
             return h
+        if woken_for is not None and self.model is not None and g in self.real_groups:
+            self._targets[rank] = woken_for          # on the wire: see _issued_on_time
         if g in self.real_groups and self.ring[i]:
             if self.ring[i] >= FIRST_TREE:
                 self._issue_tree(rank, i, g, h)
@@ -514,6 +540,7 @@ class Assistant:
             if busy or kind in ("send", "recv"):
                 pending.append((i, spec, tensors, h))
         if busy:
+            self._targets.pop(rank, None)            # it waits its turn: not a hand-over delay
             return                                   # the group's drain issues it in turn
         if kind in ("send", "recv"):
             self.pool.submit(self._drain, pg_key)
@@ -526,13 +553,17 @@ class Assistant:
         from prism_core.replay.virtual_ops import issue
 
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
+        self._issued_on_time(pg_key[0])
         pg = self.pgs[pg_key[:2]]                 # a tree part's queue key names its queue too
         if isinstance(spec, TreePart):            # completes its members through its futures
             spec.run(pg)
             return
         if isinstance(spec, RingPart):            # h: the _RingOp
             works, keep = spec.run(pg)
-            self.pool.submit(self._wait_then, works, keep, h)
+            if works:
+                self.pool.submit(self._wait_then, works, keep, h)
+            else:                                 # the part ran its steps in run()
+                self._part_finished(h, time.perf_counter())
             return
         works, keep = issue(pg, spec, tensors)
         h.keep = (works, keep)
@@ -642,7 +673,9 @@ class Assistant:
         with self.lock:
             busy = bool(pending)
             pending.append(item)
-        if not busy:
+        if busy:
+            self._targets.pop(key[0], None)          # it waits its turn: not a hand-over delay
+        else:
             self.pool.submit(self._drain, key)
 
     def _complete_after(self, h: _Handle, futures: list) -> None:
@@ -680,18 +713,26 @@ class Assistant:
         try:
             for w in works:
                 w.wait()
+            done = time.perf_counter()
             del keep
-            self.events.put(_Call(lambda: self._part_done(ring)))
+            self._part_finished(ring, done)
         except BaseException as err:  # noqa: BLE001 - reported on the loop's thread
             self.events.put(err)
 
-    def _part_done(self, ring: _RingOp) -> None:
-        ring.parts -= 1
-        if ring.parts == 0:
-            self._ring_done(ring)
+    def _part_finished(self, ring: _RingOp, at: float) -> None:
+        """(Any thread.) A part's gloo works completed at `at`: count it on the loop's thread."""
+        self.events.put(_Call(lambda: self._part_done(ring, at)))
 
-    def _ring_done(self, ring: _RingOp) -> None:
-        now = time.perf_counter()
+    def _part_done(self, ring: _RingOp, at: float) -> None:
+        ring.parts -= 1
+        ring.last = max(ring.last, at)
+        if ring.parts == 0:
+            self._ring_done(ring, ring.last)
+
+    def _ring_done(self, ring: _RingOp, at: float | None = None) -> None:
+        """Complete the op's virtual members: when its last part's works completed (not when
+        this loop got round to it), or now when it had no part on the wire."""
+        now = time.perf_counter() if at is None else at
         for h in ring.handles:
             h.when = now
             self.events.put(h)
@@ -866,6 +907,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     write_json_atomic(out / "stats.json", {
         "virtual_ranks": len(assistant.virtual), "gloo_groups": len(assistant.pgs),
         "gloo_loop_policies": sorted(loop_policies().values()),
+        "timer_lead_s": assistant.lead,
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,
