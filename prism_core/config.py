@@ -41,6 +41,9 @@ class JobConfig(_Strict):
     device_memory_bytes: int | None = Field(None, ge=1, description="device capacity, for OOM")
     seed: int = 1234
     timeout_s: float = Field(600.0, gt=0, description="wall-clock limit of one launch")
+    cpu_binding: Literal["core", "none"] = Field(
+        "core", description="core: each real rank process on a core of its own when the machine has enough "
+                            "(prism_core/launch/cores.py); none: wherever the scheduler puts it")
 
     @property
     def is_builtin(self) -> bool:

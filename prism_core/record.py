@@ -53,7 +53,7 @@ def _launch_spec(cfg: PrismConfig, out_dir: Path, opts: RecordOptions) -> Launch
         env[ENV_CAPACITY] = str(cfg.job.device_memory_bytes)
     world = cfg.job.world_size
     return LaunchSpec(program=cfg.job.program, world_size=world, run_dir=out_dir, timeout_s=cfg.job.timeout_s,
-                      args=list(cfg.job.args), env=env,
+                      args=list(cfg.job.args), env=env, bind_cores=cfg.job.cpu_binding == "core",
                       echo_rank=(world - 1 if cfg.job.is_builtin else 0) if opts.echo else None)
 
 

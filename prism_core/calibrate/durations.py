@@ -8,7 +8,8 @@ monotonic clock) and the assistant's issue time of every virtual node. For each 
   arrived — plus what the rank spent after completion before its next node (not the wait for
   late peers, which calibration recomputes);
 - an asynchronous op: the issue cost as its span, and its transfer time for the completion;
-- a wait: what it took after the op had completed.
+- a wait: what it took after the op had completed; for a point-to-point op seen complete only
+  at its wait, whose peer was there before the wait began, all the wait took (see below).
 
 Ranks not timed themselves (other DP replicas) take the model of the rank they are renamed from.
 """
@@ -29,7 +30,7 @@ from prism_core.trace.schema import COMM, OPS, WAIT
 # an op that ended this much before its last member arrived did not wait for it (a buffered send)
 SYNC_SLACK_S = 1e-6
 # a wait that took longer than this blocked (a wait on a finished op costs a few microseconds)
-WAIT_BLOCKED_S = 50e-6
+
 
 
 @dataclass
@@ -103,25 +104,28 @@ def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.nd
     synced[comm] = did_sync
     transfer[comm] = np.where(did_sync, np.maximum(t1[comm] - lastest, 0.0), t1[comm] - t0[comm])
     # An async op whose completion was only seen at its wait (gloo p2p works have no completion
-    # callback). If the wait blocked, the op completed when the wait ended: its transfer ran from
-    # the moment both sides were there. If not, it completed somewhere before the wait began and
-    # only the part after both the wait began and the last peer arrived is known.
+    # callback) completed when the wait ended. If its last peer came after the wait began, the
+    # transfer ran from that arrival. If the peer was there before, the bytes moved only once
+    # this rank blocked: a rank bound to its own core gives its gloo loop (idle class,
+    # backend/transport_threads.py) no time while it computes. Then the op is done when its
+    # peer is there, and the time the wait took is the wait's own, counted from the wait's
+    # start: fed a real run's own times, the timeline gives back that run either way.
     waits = np.nonzero(kind == WAIT)[0]
     refs = cols["ref"][waits]
+    done = t1[refs].copy()
     late = t1[refs] >= t1[waits] - SYNC_SLACK_S
     seen_at_wait = refs[late]
     if len(seen_at_wait):
         pos = np.searchsorted(comm, seen_at_wait)
         w0, w1 = t0[waits[late]], t1[waits[late]]
-        blocked = w1 - w0 > WAIT_BLOCKED_S
-        transfer[seen_at_wait] = np.maximum(np.where(blocked, w1 - lastest[pos],
-                                                     w1 - np.maximum(lastest[pos], w0)), 0.0)
+        peer_first = lastest[pos] <= w0
+        transfer[seen_at_wait] = np.where(peer_first, 0.0, np.maximum(w1 - lastest[pos], 0.0))
+        done[late] = np.where(peer_first, w0, w1)
         synced[seen_at_wait] = True
     blocking = comm[(async_[comm] == 0) & did_sync]
     release[blocking] = OP_RELEASE
     span[blocking] = transfer[blocking] + np.maximum(nxt[blocking] - t1[blocking], 0.0)
     release[waits] = WAIT_RELEASE
-    done = t1[refs]
     span[waits] = np.maximum(nxt[waits] - np.maximum(t0[waits], done), 0.0)
     if np.any(~np.isfinite(span)):
         raise CalibrationError(f"rank {rank} in slice {slice_dir}: some nodes have no times (was it recorded?)")

@@ -23,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prism_core.launch.cores import ENV_CPUS, Placement, place
+from prism_core.runtime import write_json_atomic
+
 KILL_GRACE_S = 3.0
 POLL_S = 0.05
 
@@ -53,6 +56,7 @@ class LaunchSpec:
     ranks: list[int] | None = None  # the ranks to start (a slice's sandbox); None: all of the world
     helper: list[str] | None = None  # argv of one more process in the job (the replay assistant)
     progress: Callable[[int], None] | None = None  # called with the steps every started rank has done
+    bind_cores: bool = False  # each started rank on a core of its own, when they fit (launch/cores.py)
 
     @property
     def started_ranks(self) -> list[int]:
@@ -153,6 +157,7 @@ class _Job:
         self.helper: subprocess.Popen | None = None
         self.logs = []
         self.pgid: int | None = None
+        self.placement: Placement | None = None
 
     @property
     def procs(self) -> list[subprocess.Popen]:
@@ -171,15 +176,35 @@ class _Job:
         with _LIVE_LOCK:
             _LIVE.add(self)
         (self.spec.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        cpus = self._place()
         if self.spec.helper is not None:
             env = _rank_env(self.spec, -1, port)
             for key in ("RANK", "LOCAL_RANK", "ROLE_RANK"):
                 env.pop(key)
+            env.update(cpus.get(HELPER, {}))
             self.helper = self._spawn(self.spec.helper, env, f"{HELPER}.log")
         for rank in self.spec.started_ranks:
             cmd = [sys.executable, "-m", "prism_core.launch.rank_main", "--program", self.spec.program,
                    "--result-dir", str(self.spec.run_dir), "--", *self.spec.args]
-            self.ranks[rank] = self._spawn(cmd, _rank_env(self.spec, rank, port), f"rank_{rank}.log")
+            env = _rank_env(self.spec, rank, port)
+            env.update(cpus.get(rank, {}))
+            self.ranks[rank] = self._spawn(cmd, env, f"rank_{rank}.log")
+
+    def _place(self) -> dict:
+        """Each process's `PRISM_CPUS` (none when not bound); the choice goes to placement.json."""
+        env: dict = {}
+        doc: dict = {"bound": False, "reason": "job.cpu_binding is none"}
+        if self.spec.bind_cores:
+            self.placement, why = place(self.spec.started_ranks, self.spec.helper is not None)
+            if self.placement is None:
+                doc = {"bound": False, "reason": why}
+            else:
+                doc = {"bound": True, **self.placement.describe()}
+                env = {r: {ENV_CPUS: str(c)} for r, c in self.placement.ranks.items()}
+                if self.placement.helper:
+                    env[HELPER] = {ENV_CPUS: ",".join(map(str, self.placement.helper))}
+        write_json_atomic(self.spec.run_dir / "placement.json", doc)
+        return env
 
     def kill(self) -> None:
         if self.pgid is None or all(p.poll() is not None for p in self.procs):
@@ -203,6 +228,8 @@ class _Job:
     def close(self) -> None:
         with _LIVE_LOCK:
             _LIVE.discard(self)
+        if self.placement is not None:
+            self.placement.release()
         for log in self.logs:
             log.close()
 

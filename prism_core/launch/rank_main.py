@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 
 from prism_core import runtime
+from prism_core.launch.cores import bind_from_env
 
 BUILTIN_MODULES = {"builtin:moe_gpt": "prism_core.workloads.moe_gpt.train"}
 ENV_INSTRUMENT = "PRISM_INSTRUMENT"  # "1": prism backend + trace + flight record (record mode)
@@ -73,6 +74,7 @@ def run_rank(program: str, args: list[str], result_dir: Path, transport=None) ->
     `transport`: the backend's inner transport factory; None is gloo (record mode), collection
     passes its coordinator transport.
     """
+    bind_from_env()          # before torch or gloo start a thread: they all inherit the cores
     import torch
 
     torch.set_num_threads(1)

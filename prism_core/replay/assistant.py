@@ -918,6 +918,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
 
 
 def main(argv: list[str] | None = None) -> None:
+    from prism_core.launch.cores import bind_from_env
     from prism_core.launch.rank_main import _die_with_launcher
     from prism_core.runtime import write_json_atomic
 
@@ -930,6 +931,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timing", type=Path, default=None, help="timeline.npz: replay in calibrated time")
     ns = parser.parse_args(argv)
     _die_with_launcher()
+    bind_from_env()
     os.environ[ENV_LAZY_GLOO] = "1"
     try:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,

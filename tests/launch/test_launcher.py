@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from prism_core import cli
+from prism_core.launch.cores import machine_cores
 from prism_core.config import load_config
 from prism_core.launch import LaunchError
 from prism_core.record import record
@@ -135,6 +136,7 @@ def env_run(tmp_path_factory):
         seen = {{k: os.environ.get(k) for k in
                  ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")}}
         seen["threads"] = torch.get_num_threads()
+        seen["cores"] = sorted(os.sched_getaffinity(0))
         dist.init_process_group("gloo")
         seen["dist_rank"], seen["dist_world_size"] = dist.get_rank(), dist.get_world_size()
         seen["backend"] = dist.get_backend()
@@ -168,6 +170,20 @@ def test_script_gets_torchrun_environment(env_run):
         assert env["backend"] == "prism"  # `prism record` routes "gloo" to the prism backend
     ports = {env["MASTER_PORT"] for env in seen}
     assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
+
+
+@pytest.mark.timeout(120)
+def test_each_rank_runs_on_a_core_of_its_own(env_run):
+    status, tmp_path, _ = env_run
+    assert status == 0
+    placement = json.loads((tmp_path / "out" / "placement.json").read_text())
+    cores = [json.loads((tmp_path / f"env_{r}.json").read_text())["cores"] for r in range(WORLD)]
+    if len(machine_cores()) < WORLD:
+        assert not placement["bound"] and "cores" in placement["reason"]
+        return
+    assert placement["bound"]
+    assert cores == [[placement["ranks"][str(r)]] for r in range(WORLD)]
+    assert len({c[0] for c in cores}) == WORLD
 
 
 @pytest.mark.timeout(120)

@@ -13,6 +13,7 @@ import torch
 from prism_core.backend.pruned import ring_allreduce
 from prism_core.collect.stage import collect
 from prism_core.config import config_from_dict
+from prism_core.launch.cores import machine_cores
 from prism_core.record import record
 from prism_core.replay.ring import RingPart, ring_neighbours
 from prism_core.replay.slices import run_with_assistant
@@ -116,6 +117,12 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tm
         assert stats["gloo_groups"] == len(neighbours), sandbox
         assert stats["gloo_loop_policies"] and set(stats["gloo_loop_policies"]) == {os.SCHED_IDLE}, \
             "every gloo device loop of the assistant in the idle class"
+        placement = json.loads((out / "placement.json").read_text())
+        if len(sandbox) + 1 <= len(machine_cores()):   # a core per sandbox rank and one for the assistant
+            assert placement["bound"] and sorted(placement["ranks"]) == sorted(map(str, sandbox))
+            assert placement["assistant"] and not set(placement["assistant"]) & set(placement["ranks"].values())
+        else:
+            assert not placement["bound"] and "cores" in placement["reason"]
         for r in sandbox:
             assert rank_result(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
     assert_no_rank_processes()

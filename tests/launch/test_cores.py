@@ -1,0 +1,55 @@
+"""Core placement: a core of its own per rank of a launch, concurrent launches apart, the last core for the assistant."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from prism_core.launch import cores
+from prism_core.launch.cores import ENV_CPUS, bind_from_env, place
+
+
+@pytest.fixture
+def four_cores(monkeypatch):
+    monkeypatch.setattr(cores, "machine_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(cores, "_held", set())
+
+
+def test_ranks_get_distinct_cores_and_concurrent_launches_never_share_one(four_cores):
+    a, _ = place([0, 1], helper=False)
+    b, _ = place([5, 6], helper=False)
+    assert a.ranks == {0: 0, 1: 1} and b.ranks == {5: 2, 6: 3}
+    c, why = place([7], helper=False)
+    assert c is None and "0 of the machine's 4 are free" in why
+    a.release()
+    c, _ = place([7], helper=False)
+    assert c.ranks == {7: 0}
+
+
+def test_with_an_assistant_the_last_core_stays_free_for_it(four_cores):
+    a, _ = place([2, 3, 4], helper=True)
+    assert a.ranks == {2: 0, 3: 1, 4: 2} and a.helper == [3]
+    b, why = place([5], helper=True)
+    assert b is None and "need 2 cores" in why
+    a.release()
+    b, _ = place([5], helper=True)
+    assert b.ranks == {5: 0} and b.helper == [1, 2, 3]    # every core no rank holds
+
+
+def test_too_few_cores_leaves_the_launch_unbound(monkeypatch):
+    monkeypatch.setattr(cores, "machine_cores", lambda: [0])
+    monkeypatch.setattr(cores, "_held", set())
+    placement, why = place([0], helper=True)
+    assert placement is None and "need 2 cores" in why
+
+
+def test_a_launched_process_binds_to_the_cores_it_is_given(monkeypatch):
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    monkeypatch.setenv(ENV_CPUS, str(core))
+    try:
+        bind_from_env()
+        assert os.sched_getaffinity(0) == {core}
+    finally:
+        os.sched_setaffinity(0, before)
