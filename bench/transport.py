@@ -32,11 +32,15 @@ VARIANTS = {"gloo": ("0", "none"), "idle": ("1", "none"), "bound": ("1", "core")
 def _step_time(path: Path, steps: int, variant: str, out: Path) -> float:
     idle, binding = VARIANTS[variant]
     cfg = load_config(path, [f"job.iterations={steps}", "job.warmup=3", f"job.cpu_binding={binding}"])
+    before = os.environ.get("PRISM_GLOO_LOOP_IDLE")
     os.environ["PRISM_GLOO_LOOP_IDLE"] = idle        # the ranks inherit the launcher's environment
     try:
         doc = record(cfg, out, options=RecordOptions(echo=False))
     finally:
-        os.environ.pop("PRISM_GLOO_LOOP_IDLE", None)
+        if before is None:
+            os.environ.pop("PRISM_GLOO_LOOP_IDLE", None)
+        else:
+            os.environ["PRISM_GLOO_LOOP_IDLE"] = before
     return statistics.mean(r["iteration_time_s"] for r in doc["ranks"].values())
 
 

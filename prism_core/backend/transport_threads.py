@@ -21,6 +21,7 @@ returned: the threads the constructor started are watched for a moment until one
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -53,6 +54,7 @@ def _name(tid: str) -> str | None:
 def make_gloo_group(make: Callable[[], T]) -> T:
     """`make()` (a ProcessGroupGloo constructor call), with the device loop it starts put in the idle class."""
     before = _tids()
+    unnamed = _name(str(threading.get_native_id()))   # a new thread bears its creator's name until it names itself
     group = make()
     if not enabled():
         return group
@@ -66,8 +68,8 @@ def make_gloo_group(make: Callable[[], T]) -> T:
                     os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
                 except OSError:   # the thread ended, or the policy is not allowed here
                     pass
-                waiting.discard(tid)
-            elif name is None or name.startswith("pt_"):     # gone, or one of torch's named threads
+                waiting.clear()   # a group starts one loop
+            elif name != unnamed:  # gone, or named something else: not the loop
                 waiting.discard(tid)
         if not waiting or time.monotonic() > deadline:
             break

@@ -25,12 +25,12 @@ import numpy as np
 from prism_core.calibrate.timeline import NO_RELEASE, OP_RELEASE, WAIT_RELEASE, CalibrationError, NodeModel
 from prism_core.trace import Trace, merge_parts
 from prism_core.trace.matching import OpMatch
-from prism_core.trace.schema import COMM, OPS, WAIT
+from prism_core.trace.schema import COMM, OPS, P2P_OPS, WAIT
 
 # an op that ended this much before its last member arrived did not wait for it (a buffered send)
 SYNC_SLACK_S = 1e-6
 # a wait that took longer than this blocked (a wait on a finished op costs a few microseconds)
-
+WAIT_BLOCKED_S = 50e-6
 
 
 @dataclass
@@ -103,13 +103,15 @@ def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.nd
     did_sync = t1[comm] >= lastest - SYNC_SLACK_S
     synced[comm] = did_sync
     transfer[comm] = np.where(did_sync, np.maximum(t1[comm] - lastest, 0.0), t1[comm] - t0[comm])
-    # An async op whose completion was only seen at its wait (gloo p2p works have no completion
-    # callback) completed when the wait ended. If its last peer came after the wait began, the
-    # transfer ran from that arrival. If the peer was there before, the bytes moved only once
-    # this rank blocked: a rank bound to its own core gives its gloo loop (idle class,
-    # backend/transport_threads.py) no time while it computes. Then the op is done when its
-    # peer is there, and the time the wait took is the wait's own, counted from the wait's
-    # start: fed a real run's own times, the timeline gives back that run either way.
+    # An async op whose completion was only seen at its wait (gloo p2p works, and the few gloo
+    # collectives, have no completion callback) completed when the wait ended. If its last peer
+    # came after the wait began, the transfer ran from that arrival. A point-to-point op whose
+    # peer was there before: its bytes moved once this rank blocked (a rank bound to its own
+    # core gives its gloo loop, idle class, backend/transport_threads.py, no time while it
+    # computes), so it is done when its peer is there and the wait takes what it took. A
+    # collective that blocked at its wait ran from the last arrival; one that did not, ended
+    # before the wait and only what the wait saw of it is known. Fed a real run's own times,
+    # the timeline gives back that run under every rule.
     waits = np.nonzero(kind == WAIT)[0]
     refs = cols["ref"][waits]
     done = t1[refs].copy()
@@ -118,8 +120,10 @@ def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.nd
     if len(seen_at_wait):
         pos = np.searchsorted(comm, seen_at_wait)
         w0, w1 = t0[waits[late]], t1[waits[late]]
-        peer_first = lastest[pos] <= w0
-        transfer[seen_at_wait] = np.where(peer_first, 0.0, np.maximum(w1 - lastest[pos], 0.0))
+        peer_first = (lastest[pos] <= w0) & np.isin(cols["op"][seen_at_wait], list(P2P_OPS))
+        blocked = w1 - w0 > WAIT_BLOCKED_S
+        transfer[seen_at_wait] = np.where(
+            peer_first, 0.0, np.maximum(np.where(blocked, w1 - lastest[pos], w1 - np.maximum(lastest[pos], w0)), 0.0))
         done[late] = np.where(peer_first, w0, w1)
         synced[seen_at_wait] = True
     blocking = comm[(async_[comm] == 0) & did_sync]

@@ -18,6 +18,7 @@ rank core. A launch that does not fit runs unbound, and says so in its `placemen
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -51,6 +52,8 @@ def place(ranks: list[int], helper: bool) -> tuple[Placement | None, str]:
     """A core for each of `ranks` (and, with a helper, at least one other core for it), or None
     and why not."""
     cores = machine_cores()
+    if not cores:
+        return None, "this platform cannot bind a process to cores"
     need = len(ranks) + (1 if helper else 0)
     with _lock:
         pool = cores[:-1] if helper else cores        # the last core stays for the assistant
@@ -69,4 +72,7 @@ def bind_from_env() -> None:
     """In a launched process: run on the cores the launcher chose (`PRISM_CPUS`), if any."""
     text = os.environ.get(ENV_CPUS)
     if text and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {int(c) for c in text.split(",")})
+        try:
+            os.sched_setaffinity(0, {int(c) for c in text.split(",")})
+        except (OSError, ValueError) as err:     # a core outside this process's cpuset: run unbound
+            print(f"prism: cannot bind to cores {text!r} ({err}); running unbound", file=sys.stderr, flush=True)

@@ -123,6 +123,7 @@ def read_errors(run_dir: Path) -> list[dict]:
 
 def _rank_env(spec: LaunchSpec, rank: int, port: int) -> dict[str, str]:
     env = dict(os.environ)
+    env.pop(ENV_CPUS, None)      # only this launch's placement binds its processes
     env.update(spec.env)
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
@@ -417,6 +418,8 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
                                   f"({spec.run_dir / 'results' / f'{rank}.json'})", rank=rank)
         return results
     finally:
-        job.kill()
-        job.close()
-        del store
+        try:
+            job.kill()
+        finally:
+            job.close()      # gives back the job's cores whatever happened
+            del store

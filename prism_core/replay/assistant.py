@@ -342,6 +342,7 @@ class Assistant:
                     if k == COMPUTE:
                         i += 1
                         if span is not None:                          # timed: the node takes its time
+                            self._woken.pop(r, None)                  # not followed by an op at once
                             self.clock[r] += span[i - 1]
                             if self.clock[r] - self.lead > time.perf_counter():
                                 self._at(self.clock[r] - self.lead, r)
@@ -360,6 +361,7 @@ class Assistant:
                         i += 1
                         continue
                     h = handles[r].pop(int(ref[i]))   # a wait node
+                    self._woken.pop(r, None)
                     i += 1
                     if not h.done:
                         h.waiters.append(r)
@@ -431,7 +433,8 @@ class Assistant:
         if target is not None:
             late = time.perf_counter() - target
             if abs(late) < MAX_LEAD_S:
-                self.lead = min(max(self.lead + 0.1 * late, 0.0), MAX_LEAD_S)
+                with self.lock:        # gloo issues run on pool threads
+                    self.lead = min(max(self.lead + 0.1 * late, 0.0), MAX_LEAD_S)
 
     def _finish(self, h: _Handle, ready: deque) -> None:
         h.done = True
@@ -468,15 +471,18 @@ class Assistant:
         if g in self.real_groups and OPS[op] == "barrier":
             self._issue_barrier(rank, i, g, h)
             return h
-        if woken_for is not None and self.model is not None and g in self.real_groups:
-            self._targets[rank] = woken_for          # on the wire: see _issued_on_time
+        timed_wake = woken_for is not None and self.model is not None
         if g in self.real_groups and self.ring[i]:
+            if timed_wake:
+                self._targets[rank] = woken_for      # on the wire once every member is in: _issued_on_time
             if self.ring[i] >= FIRST_TREE:
                 self._issue_tree(rank, i, g, h)
             else:
                 self._issue_ring(rank, i, g, h)
             return h
         if g in self.real_groups and (op not in P2P_OPS or int(c["peer"][i]) in self.sandbox):
+            if timed_wake:
+                self._targets[rank] = woken_for
             self._issue_gloo(rank, i, h)
             return h
         entry = self.local.get(int(self.match.op_id[i]))
@@ -602,6 +608,7 @@ class Assistant:
 
         ring = self._all_arrived(rank, i, g, h)
         if ring is None:
+            self._targets.pop(rank, None)             # it waits for the other virtual members
             return
         members = self.trace.groups[g]
         sandbox = self._sandbox_positions(g)
@@ -632,6 +639,7 @@ class Assistant:
 
         tree = self._all_arrived(rank, i, g, h)
         if tree is None:
+            self._targets.pop(rank, None)             # it waits for the other virtual members
             return
         members = self.trace.groups[g]
         sandbox = self._sandbox_positions(g)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 
 import pytest
 import torch.distributed as dist
@@ -22,10 +23,13 @@ def _gloo_group(prefix: str):
 @pytest.mark.parametrize("switch, policy", [("1", os.SCHED_IDLE), ("0", os.SCHED_OTHER)])
 def test_the_loop_a_new_group_starts_is_idle_unless_switched_off(monkeypatch, switch, policy):
     monkeypatch.setenv("PRISM_GLOO_LOOP_IDLE", switch)
-    for i in range(5):      # the loop names itself after the constructor returns: a race, tried a few times
+    for i in range(5):      # the loop names itself after the constructor returns: a race, run a few times
         before = set(loop_policies())
         pg = make_gloo_group(lambda: _gloo_group(f"loop-{switch}-{i}/"))
-        new = {tid: p for tid, p in loop_policies().items() if tid not in before}
+        deadline = time.monotonic() + 2.0      # switched off, nothing waits for the loop to name itself
+        while not (new := {tid: p for tid, p in loop_policies().items() if tid not in before}):
+            assert time.monotonic() < deadline, "no device-loop thread appeared"
+            time.sleep(0.001)
         assert len(new) == 1, "a ProcessGroupGloo starts one device-loop thread"
         assert set(new.values()) == {policy}
         del pg
