@@ -82,6 +82,10 @@ def _emulate(cfg: PrismConfig, args) -> str:
         e = document["emulation"]
         text += (f"\n{e['virtual_ranks']} virtual ranks replayed; {e['groups_instantiated']} of the job's "
                  f"{e['groups_in_job']} process groups instantiated")
+        placement = e.get("placement") or {}
+        if placement and not placement.get("bound"):
+            text += (f"\nnote: the ranks of interest and the replay assistant did not get cores of their own "
+                     f"({placement.get('reason')}): the emulated times include their contention")
     if report:
         text += f"\nreport: {out / REPORT}"
     if "version" in document:

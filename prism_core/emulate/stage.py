@@ -51,5 +51,8 @@ def emulate(cfg: PrismConfig, graph_dir: Path, timeline: Path, out_dir: Path,
     if stats.is_file():
         replay = json.loads(stats.read_text())
         document["emulation"] = {k: replay[k] for k in STATS}
+        placement = out_dir / "placement.json"
+        if placement.is_file():     # whether the ranks of interest had cores of their own
+            document["emulation"]["placement"] = json.loads(placement.read_text())
     write_metrics(out_dir / "metrics.json", document)
     return document

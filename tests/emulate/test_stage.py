@@ -17,6 +17,7 @@ from prism_core.calibrate.stage import time_and_calibrate
 from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.emulate.stage import emulate
+from prism_core.launch.cores import machine_cores
 from prism_core.record import RecordOptions, record
 
 from prism_core.trace.schema import COMM
@@ -54,6 +55,8 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(tmp_path):
     assert entry["predicted_iteration_time_s"] == predicted["ranks"]["1"]["iteration_time_s"]
     assert doc["emulation"]["virtual_ranks"] == 1
     assert doc["emulation"]["groups_instantiated"] == doc["emulation"]["groups_in_job"] == 1
+    placement = doc["emulation"]["placement"]     # one rank of interest and the assistant: 2 cores
+    assert placement["bound"] == (len(machine_cores()) >= 2)
     real = record(cfg, tmp_path / "record", options=RecordOptions(echo=False))
     assert entry["peak_memory_bytes"] == real["ranks"]["1"]["peak_memory_bytes"]
     assert_no_rank_processes()
