@@ -10,8 +10,10 @@ other core), which every prediction inherited.
 
 The load stands for those neighbours: a single-threaded torch MLP forward and backward on
 small tensors (a working set of a few MiB, as a small rank's), run on one core in SCHED_IDLE,
-so that any thread of the assistant, whatever its class, takes the core from it at once. It
-runs until its deadline or until the launcher that started it is gone.
+so that any thread of the assistant in the normal class takes the core from it at once; one
+in the idle class (the gloo loops) does not preempt it, so the load works in short units and
+yields the core after each. It runs until its deadline or until the launcher that started
+it is gone.
 
     python -m prism_core.launch.neighbour_load --seconds S --parent PID
 """
@@ -26,21 +28,27 @@ import time
 CHECK_EVERY_S = 0.2
 
 
-def make_load():
-    """One unit of neighbour compute: a callable running one forward and backward pass."""
-    import torch
+class Load:
+    """Neighbour compute in short units: each call, a forward and backward pass of the next block
+    of a small MLP (four blocks, about 4 MiB of weights and gradients in all; a fraction of a
+    millisecond a call), so that a thread of the idle class woken meanwhile (the assistant's gloo
+    loops, transport_threads.py) waits at most that long: `run` yields the core after each."""
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    blocks = [torch.nn.Sequential(torch.nn.LayerNorm(128), torch.nn.Linear(128, 512), torch.nn.GELU(),
-                                  torch.nn.Linear(512, 128)) for _ in range(4)]
-    model = torch.nn.Sequential(*blocks)
-    x = torch.randn(256, 128)
+    def __init__(self) -> None:
+        import torch
 
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        model(x).square().mean().backward()
-    return step
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        self.blocks = [torch.nn.Sequential(torch.nn.LayerNorm(128), torch.nn.Linear(128, 512), torch.nn.GELU(),
+                                           torch.nn.Linear(512, 128)) for _ in range(4)]
+        self.x = torch.randn(32, 128)
+        self.calls = 0
+
+    def __call__(self) -> None:
+        block = self.blocks[self.calls % len(self.blocks)]
+        self.calls += 1
+        block.zero_grad(set_to_none=True)
+        block(self.x).square().mean().backward()
 
 
 def set_idle_class() -> bool:
@@ -53,7 +61,7 @@ def set_idle_class() -> bool:
 
 def run(seconds: float, parent: int | None) -> int:
     """Run the load until `seconds` pass or `parent` is no longer this process's parent; the steps run."""
-    step = make_load()
+    step = Load()
     deadline = time.monotonic() + seconds
     done, next_check = 0, 0.0
     while True:
@@ -64,6 +72,7 @@ def run(seconds: float, parent: int | None) -> int:
             next_check = now + CHECK_EVERY_S
         step()
         done += 1
+        os.sched_yield()
 
 
 def main(argv: list[str] | None = None) -> None:
