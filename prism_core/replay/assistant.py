@@ -558,6 +558,8 @@ class Assistant:
         from prism_core.replay.tree import TreePart
         from prism_core.replay.virtual_ops import issue
 
+        if isinstance(spec, RingPart):
+            spec.prepare()                        # its sends built from the cache: tensors in hand
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
         self._issued_on_time(pg_key[0])
         pg = self.pgs[pg_key[:2]]                 # a tree part's queue key names its queue too

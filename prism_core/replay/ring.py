@@ -38,16 +38,28 @@ class RingPart:
     numel: int                     # elements of each member's input
     dtype: torch.dtype
     load: Callable[[], list[torch.Tensor]]    # every position's input (cached, or zeros), flat
+    _ready: tuple | None = None
+
+    def prepare(self) -> None:
+        """Build what this member sends (from the cache) and the buffers it receives into. A real
+        ring member has its data at hand when it arrives: the assistant prepares a part before it
+        stamps the member's arrival, so that the building is not taken for transfer time."""
+        if self._ready is None:
+            k, me = self.k, self.me
+            sends = self._sends() if (me + 1) % k in self.sandbox else None
+            recvs = None
+            if (me - 1) % k in self.sandbox:   # what the sandbox rank sends, step by step
+                recvs = [torch.empty(n, dtype=self.dtype) for n in self._received_sizes()]
+            self._ready = (sends, recvs)
 
     def run(self, pg) -> tuple[list, list]:
         """Issue the part on this member's gloo group; returns (works, tensors to keep alive).
         A member between two sandbox ranks runs its steps here, in order, and returns no work."""
         k, me = self.k, self.me
         left, right = (me - 1) % k, (me + 1) % k
-        sends = self._sends() if right in self.sandbox else None
-        recvs = None
-        if left in self.sandbox:   # what the sandbox rank sends, step by step
-            recvs = [torch.empty(n, dtype=self.dtype) for n in self._received_sizes()]
+        self.prepare()
+        sends, recvs = self._ready
+        self._ready = None
         if sends is not None and recvs is not None:
             for out, into in zip(sends, recvs):
                 work = pg.send([out], right, RING_TAG)

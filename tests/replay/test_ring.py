@@ -98,6 +98,29 @@ def test_a_left_neighbour_sends_the_full_rings_partials():
         assert torch.equal(t, full[2][a:b])
 
 
+def test_a_prepared_part_reads_the_cache_once_and_sends_the_same_bytes():
+    k, sandbox = 4, frozenset({0, 1, 2})
+    inputs = [torch.randn(19) for _ in range(k)]
+    loads = []
+
+    def load():
+        loads.append(1)
+        return inputs
+
+    plain, prepared = _Recorder(), _Recorder()
+    RingPart(kind="allreduce", me=3, k=k, sandbox=sandbox, op="max", numel=19, dtype=torch.float32,
+             load=load).run(plain)
+    part = RingPart(kind="allreduce", me=3, k=k, sandbox=sandbox, op="max", numel=19, dtype=torch.float32,
+                    load=load)
+    part.prepare()
+    part.prepare()
+    assert len(loads) == 2            # once per part: run() uses what prepare() built
+    part.run(prepared)
+    assert len(loads) == 2 and len(prepared.sent) == len(plain.sent) == 2 * (k - 1)
+    assert all(d1 == d2 and torch.equal(a, b) for (d1, a), (d2, b) in zip(plain.sent, prepared.sent))
+    assert part._ready is None        # nothing kept after the run
+
+
 @pytest.mark.timeout(400)
 def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tmp_path):
     script = tmp_path / "rings.py"
