@@ -13,7 +13,7 @@ group has arrived at the op, as no member of the real ring could finish before t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,7 +38,7 @@ class RingPart:
     numel: int                     # elements of each member's input
     dtype: torch.dtype
     load: Callable[[], list[torch.Tensor]]    # every position's input (cached, or zeros), flat
-    _ready: tuple | None = None
+    _ready: tuple | None = field(default=None, init=False, repr=False, compare=False)   # prepare()'s
 
     def prepare(self) -> None:
         """Build what this member sends (from the cache) and the buffers it receives into. A real
