@@ -5,8 +5,9 @@ alternating too): `prism record` (the job run for real, every rank) and the mode
 run afresh, S sandbox ranks real and the rest replayed, then calibration; then one emulation per
 rank, that rank real and the others replayed in calibrated time). A rank's iteration time is
 the median of its measured steps; a run's figure is the mean over ranks. Printed per config:
-the real, predicted and emulated medians over pairs with their errors, and beside them the
-ablation without inter-slice calibration (each rank as timed in its own slice).
+the real, predicted and emulated medians over pairs with their errors, a 90% interval of each
+error bootstrapped over the pairs (how far this machine's noise between runs moves it), and
+beside them the ablation without inter-slice calibration (each rank as timed in its own slice).
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
 
@@ -47,6 +48,20 @@ def _mean(doc: dict, key: str) -> float:
 
 def _pct(pred: float, real: float) -> str:
     return f"{100 * (pred - real) / real:+.2f}%"
+
+
+def _interval(real: list[float], model: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 90% bootstrap interval of the error median(model) / median(real) - 1, resampling whole
+    pairs: how far the error itself moves with this machine's noise between runs."""
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(real), np.asarray(model)
+    picks = rng.integers(0, len(a), size=(draws, len(a)))
+    errors = np.median(b[picks], axis=1) / np.median(a[picks], axis=1) - 1
+    return float(np.percentile(errors, 5)), float(np.percentile(errors, 95))
+
+
+def _span(interval: tuple[float, float]) -> str:
+    return f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
 
 
 def main() -> None:
@@ -96,16 +111,20 @@ def main() -> None:
                       flush=True)
             r, p, u, f, e = (statistics.median(x) for x in (real, pred, uncal, first, emul))
             rows.append((cfg.name, r, p, e, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)]),
-                         statistics.median([b / a - 1 for a, b in zip(real, selfcheck)]), (max(real) - min(real)) / r))
+                         statistics.median([b / a - 1 for a, b in zip(real, selfcheck)]), (max(real) - min(real)) / r,
+                         _interval(real, pred), _interval(real, emul)))
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
           f"pass(es), medians over {args.pairs} pairs; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
-          f"{'emulated (s)':>12} {'error':>8} "
+          f"{'90% interval':>15} {'emulated (s)':>12} {'error':>8} {'90% interval':>15} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real spread':>11}")
-    for name, r, p, e, f, u, pw, sc, spread in rows:
-        print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {e:12.4f} {_pct(e, r):>8} {f:9.4f} {_pct(f, r):>8} "
+    for name, r, p, e, f, u, pw, sc, spread, ci_p, ci_e in rows:
+        print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {e:12.4f} "
+              f"{_pct(e, r):>8} {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * spread:10.2f}%")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
+    print("90% interval: of the error, bootstrapped over the pairs (each resample draws whole pairs with "
+          "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "
           "an error smaller than it cannot be told apart from none")
 
