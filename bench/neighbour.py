@@ -1,15 +1,17 @@
-"""What a busy neighbouring core costs a rank's compute, and what a load there costs a process woken on it.
+"""What a busy neighbouring core costs a rank's compute, and what a spin there costs a process woken on it.
 
-Two tables, on the first two cores this process may use, rounds interleaved (this machine is
+The measurement behind the fidelity gap of slices and emulations on this machine (README, Known
+limits): in a real W=2 run both cores are busy, in a slice the assistant's core mostly idles.
+Two tables, on the first two cores this process may use, rounds interleaved (the machine is
 shared and noisy: read the medians and the quartiles, not one round):
 
 1. compute: a single-threaded torch MLP forward and backward on core A while core B is idle,
-   runs the neighbour load (`prism_core/launch/neighbour_load.py`: an idle-class spin), a Python
-   spin in the normal class, a copy of the same MLP (a twin: what a real neighbour rank does),
-   or a memory stream; time per 5 passes and its ratio to the idle core.
-2. wake-up: a pipe round trip from core A to a process on core B (in the batch class at nice
-   19, as the assistant's gloo loops beside a load), with core B idle, running the neighbour
-   load, or running a torch load of the same kind as the MLP; the round trip's median and p90.
+   runs an idle-class spin (yielding every 50 us), a Python spin in the normal class, a copy of
+   the same MLP (a twin: what a neighbouring rank does), or a memory stream; time per 5 passes
+   and its ratio to the idle core.
+2. wake-up: a pipe round trip from core A to a process on core B in the batch class at nice 19,
+   with core B idle or running the idle-class spin yielding every 50 us or every 1 ms; the round
+   trip's median and p90.
 
     .venv/bin/python bench/neighbour.py [--rounds 10]
 """
@@ -29,10 +31,17 @@ LOAD_S = 60.0      # each load process ends by itself after this, whatever happe
 _MLP = ("torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.LayerNorm(256), torch.nn.Linear(256, 1024), "
         "torch.nn.GELU(), torch.nn.Linear(1024, 256)) for _ in range(4)])")
 
+def _spin(unit_s: float) -> str:
+    """An idle-class spin that enters the kernel (a yield) every `unit_s`."""
+    return ("import os, time\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+            f"end = time.monotonic() + {LOAD_S}\nwhile time.monotonic() < end:\n"
+            f"    t = time.perf_counter()\n    while time.perf_counter() - t < {unit_s}:\n        pass\n"
+            "    os.sched_yield()\n")
+
+
 NEIGHBOURS = {
     "idle": None,
-    "neighbour load": ("from prism_core.launch.neighbour_load import run, set_idle_class\n"
-                       f"set_idle_class()\nrun({LOAD_S}, None)\n"),
+    "idle-class spin": _spin(50e-6),
     "python spin": f"import time\nend = time.monotonic() + {LOAD_S}\nwhile time.monotonic() < end:\n    pass\n",
     "twin MLP": ("import time, torch\ntorch.set_num_threads(1)\ntorch.manual_seed(0)\n"
                  f"m = {_MLP}\nx = torch.randn(64, 256)\nend = time.monotonic() + {LOAD_S}\n"
@@ -56,10 +65,12 @@ while True:
 
 
 def _start(code: str, core: int, pipes: bool = False) -> subprocess.Popen:
-    """`code` in a new Python process of its own session, on `core`."""
+    """`code` in a new Python process, in a process group of its own (killed as one) but in this
+    session: a new session would put it in a scheduler autogroup of its own, and the idle class
+    then no longer yields to the woken process at once (a wake-up waits for the spin's next yield)."""
     pin = f"import os\nos.sched_setaffinity(0, {{{core}}})\n"
     pipe = subprocess.PIPE if pipes else None
-    return subprocess.Popen([sys.executable, "-c", pin + code], start_new_session=True, stdin=pipe, stdout=pipe,
+    return subprocess.Popen([sys.executable, "-c", pin + code], process_group=0, stdin=pipe, stdout=pipe,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -111,15 +122,15 @@ def compute_table(core_a: int, core_b: int, rounds: int) -> None:
     base = statistics.median(got["idle"])
     print(f"\ncompute on core {core_a}, torch MLP forward + backward x5 (single thread), {rounds} rounds; "
           f"core {core_b} as named")
-    print(f"{'core ' + str(core_b):<16} {'median (ms)':>11} {'vs idle':>8} {'quartiles (ms)':>17}")
+    print(f"{'core ' + str(core_b):<20} {'median (ms)':>11} {'vs idle':>8} {'quartiles (ms)':>17}")
     for name, values in got.items():
         q1, med, q3 = _quartiles(values)
-        print(f"{name:<16} {1e3 * med:11.2f} {100 * (med / base - 1):+7.1f}% {1e3 * q1:8.2f}-{1e3 * q3:<8.2f}")
+        print(f"{name:<20} {1e3 * med:11.2f} {100 * (med / base - 1):+7.1f}% {1e3 * q1:8.2f}-{1e3 * q3:<8.2f}")
 
 
 def wake_table(core_a: int, core_b: int, rounds: int) -> None:
     os.sched_setaffinity(0, {core_a})
-    loads = {"idle": None, "neighbour load": NEIGHBOURS["neighbour load"], "twin MLP": NEIGHBOURS["twin MLP"]}
+    loads = {"idle": None, "spin, 50 us yields": _spin(50e-6), "spin, 1 ms yields": _spin(1e-3)}
     got: dict[str, list[float]] = {name: [] for name in loads}
     for _ in range(rounds):
         for name, code in loads.items():
@@ -142,10 +153,10 @@ def wake_table(core_a: int, core_b: int, rounds: int) -> None:
                 _stop(load)
     print(f"\npipe round trip from core {core_a} to a batch-class process on core {core_b}, "
           f"{rounds} x 500 trips")
-    print(f"{'core ' + str(core_b):<16} {'median (us)':>11} {'p90 (us)':>9}")
+    print(f"{'core ' + str(core_b):<20} {'median (us)':>11} {'p90 (us)':>9}")
     for name, values in got.items():
         values.sort()
-        print(f"{name:<16} {1e6 * statistics.median(values):11.1f} {1e6 * values[int(0.9 * len(values))]:9.1f}")
+        print(f"{name:<20} {1e6 * statistics.median(values):11.1f} {1e6 * values[int(0.9 * len(values))]:9.1f}")
 
 
 def _round_trip(echo: subprocess.Popen) -> float:

@@ -100,10 +100,6 @@ class EmulationConfig(_Strict):
     timing_passes: int = Field(1, ge=1, le=4, description="slice timing passes: the first replays virtual ranks "
                                                          "as fast as the graph allows, each further one in the "
                                                          "previous pass's calibrated time")
-    neighbour_load: bool = Field(True, description="slices and emulations bound to cores: a spin in the idle "
-                                                   "class on the assistant's cores, standing for the busy "
-                                                   "neighbouring cores of the full job, beside which a rank "
-                                                   "computes more slowly (prism_core/launch/neighbour_load.py)")
     rules: list[str] = Field(default_factory=list, description="extra tensor rules, as module:function")
     dp_dedup: bool = Field(True, description="rules mode, built-in workloads: collect one DP replica and rename it "
                                              "to all; valid only when replicas run the same structure (not with "

@@ -16,13 +16,6 @@ Every gloo group the prism backend or the replay assistant makes goes through
 same transport; `PRISM_GLOO_LOOP_IDLE=0` keeps gloo's default policy (`bench/transport.py`
 measures both). The loop names itself once it runs, which can be after the constructor
 returned: the threads the constructor started are watched for a moment until one does.
-
-A process whose cores it shares with a neighbour load (`launch/neighbour_load.py`, itself in
-the idle class; the launcher sets `PRISM_GLOO_LOOP_CLASS=batch` for the replay assistant then)
-puts its loops in SCHED_BATCH at nice 19 instead: a woken idle-class thread does not preempt
-another idle-class one, so the loops would wait for the load's next yield at every event; a
-batch thread preempts the idle class at once, does not preempt normal threads at wake-up, and
-weighs 15 to their 1024 when it spins.
 """
 
 from __future__ import annotations
@@ -35,23 +28,12 @@ from typing import TypeVar
 
 LOOP_THREAD = "gloo_tcp_loop"
 NAMING_WAIT_S = 0.2      # how long a new thread may take to name itself
-ENV_LOOP_CLASS = "PRISM_GLOO_LOOP_CLASS"
-BATCH_NICE = 19
 
 T = TypeVar("T")
 
 
 def enabled() -> bool:
     return os.environ.get("PRISM_GLOO_LOOP_IDLE", "1") != "0" and hasattr(os, "sched_setscheduler")
-
-
-def _demote(tid: int) -> None:
-    """Put loop thread `tid` in this process's loop class (idle, or batch at nice 19)."""
-    if os.environ.get(ENV_LOOP_CLASS, "idle") == "batch" and hasattr(os, "SCHED_BATCH"):
-        os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
-        os.setpriority(os.PRIO_PROCESS, tid, BATCH_NICE)
-    else:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _tids() -> set[str]:
@@ -70,8 +52,7 @@ def _name(tid: str) -> str | None:
 
 
 def make_gloo_group(make: Callable[[], T]) -> T:
-    """`make()` (a ProcessGroupGloo constructor call), with the device loop it starts put in the idle class
-    (or the batch class, see the module docstring)."""
+    """`make()` (a ProcessGroupGloo constructor call), with the device loop it starts put in the idle class."""
     before = _tids()
     unnamed = _name(str(threading.get_native_id()))   # a new thread bears its creator's name until it names itself
     group = make()
@@ -84,7 +65,7 @@ def make_gloo_group(make: Callable[[], T]) -> T:
             name = _name(tid)
             if name == LOOP_THREAD:
                 try:
-                    _demote(int(tid))
+                    os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
                 except OSError:   # the thread ended, or the policy is not allowed here
                     pass
                 waiting.clear()   # a group starts one loop

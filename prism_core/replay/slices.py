@@ -140,6 +140,5 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--timing", str(timing)]
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
-                      helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
-                      neighbour_load=cfg.emulation.neighbour_load)
+                      helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core")
     return launch(spec)

@@ -35,18 +35,6 @@ def test_the_loop_a_new_group_starts_is_idle_unless_switched_off(monkeypatch, sw
         del pg
 
 
-def test_the_loop_goes_to_the_batch_class_at_nice_19_where_asked(monkeypatch):
-    monkeypatch.setenv("PRISM_GLOO_LOOP_IDLE", "1")
-    monkeypatch.setenv("PRISM_GLOO_LOOP_CLASS", "batch")    # set by the launcher beside a neighbour load
-    for i in range(5):
-        before = set(loop_policies())
-        pg = make_gloo_group(lambda: _gloo_group(f"loop-batch-{i}/"))
-        new = {tid: p for tid, p in loop_policies().items() if tid not in before}
-        assert set(new.values()) == {os.SCHED_BATCH}
-        assert [os.getpriority(os.PRIO_PROCESS, tid) for tid in new] == [19]
-        del pg
-
-
 LOOPS = """
     dist.init_process_group("gloo")
     sub = dist.new_group([0, 1])
