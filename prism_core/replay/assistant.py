@@ -38,6 +38,13 @@ MAX_LEAD_S = 2e-3        # timed mode: the most a rank's timer fires ahead of it
 ASSISTANT = "assistant"
 
 
+def _hold_until(when: float) -> None:
+    """Spin until `when` (perf_counter): at most the lead, a fraction of a millisecond, which a
+    sleep would overshoot."""
+    while time.perf_counter() < when:
+        pass
+
+
 class _Handle:
     """One op of one virtual rank: done once its outputs are in; ranks blocked on it wait here."""
 
@@ -229,6 +236,8 @@ class Assistant:
         # issues next reaches gloo on time; fed back from each such issue (see _issued_on_time)
         self.lead = 0.0
         self._targets: dict[int, float] = {}     # rank -> the clock it was woken for, its gloo op pending
+        self._due: dict[int, float] = {}         # node -> the clock its gloo op goes on the wire at (timed)
+        self.held = [0, 0, 0.0, -float("inf")]   # timed gloo ops: issued, held, seconds held, most ahead of clock
         self._woken: dict[int, float] = {}       # rank -> the clock its timer woke it for
         self._ranks = None        # rank of every node, when first needed
         self.source = source      # DP-expanded graph: per rank, the collected rank it copies
@@ -472,6 +481,8 @@ class Assistant:
             self._issue_barrier(rank, i, g, h)
             return h
         timed_wake = woken_for is not None and self.model is not None
+        if self.model is not None and g in self.real_groups:
+            self._due[i] = self.clock[rank]
         if g in self.real_groups and self.ring[i]:
             if timed_wake:
                 self._targets[rank] = woken_for      # on the wire once every member is in: _issued_on_time
@@ -560,8 +571,20 @@ class Assistant:
 
         if isinstance(spec, RingPart):
             spec.prepare()                        # its sends built from the cache: tensors in hand
+        self._issued_on_time(pg_key[0])           # how late the hand-over came: feeds `lead`
+        due = self._due.pop(i, None)
+        if due is not None:                       # timed: never on the wire before its clock
+            ready = time.perf_counter()
+            _hold_until(min(due, ready + MAX_LEAD_S))
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
-        self._issued_on_time(pg_key[0])
+        if due is not None:
+            with self.lock:
+                held = self.held
+                held[0] += 1
+                if due > ready:
+                    held[1] += 1
+                    held[2] += due - ready
+                held[3] = max(held[3], due - self.arrivals[i])
         pg = self.pgs[pg_key[:2]]                 # a tree part's queue key names its queue too
         if isinstance(spec, TreePart):            # completes its members through its futures
             spec.run(pg)
@@ -615,6 +638,7 @@ class Assistant:
         members = self.trace.groups[g]
         sandbox = self._sandbox_positions(g)
         parts = sorted(self._ring_neighbours(g))
+        self._share_due(ring.nodes.values(), [ring.nodes[members[p]] for p in parts])
         ring.parts = len(parts)
         if not parts:
             self._ring_done(ring)
@@ -649,12 +673,13 @@ class Assistant:
         kind = RING_KINDS[self.ring[i]]
         root = 0 if kind == "tree_allreduce" else self._position(g, int(c["peer"][i]))
         parts = sorted(tree_neighbours(len(members), root, set(sandbox)))
+        nodes = dict(self._member_nodes(i, members))
+        self._share_due(tree.nodes.values(), [nodes[members[p]] for p in parts])
         if not parts:
             self._ring_done(tree)
             return
         dtype = self.trace.dtypes[c["dtype"][i]] or "float32"
         numel = int(c["bytes"][i]) // torch_element_size(dtype)
-        nodes = dict(self._member_nodes(i, members))
         shared = TreeOp(kind, len(members), root, sandbox, REDUCE_OPS[c["reduce"][i]], numel, getattr(torch, dtype),
                         load=lambda p: self._member_input(members[p], nodes[members[p]], numel, dtype))
         queued = [(p, shared.part(p)) for p in parts]
@@ -662,6 +687,15 @@ class Assistant:
             self._complete_after(handle, shared.depends(self._position(g, member)))
         for p, part in queued:
             self._enqueue((members[p], g, "tree"), (nodes[members[p]], part, None, None))
+
+    def _share_due(self, arrived, parts: list[int]) -> None:
+        """Timed mode: a ring or tree op goes on the wire once its last virtual member is due; each
+        part (by its node) gets that moment."""
+        dues = [self._due.pop(n) for n in arrived if n in self._due]
+        if dues:
+            due = max(dues)
+            for n in parts:
+                self._due[n] = due
 
     def _all_arrived(self, rank: int, i: int, g: int, h: _Handle) -> _RingOp | None:
         """Count virtual `rank` (at node `i`, handle `h`) into the ring or tree op of group `g`;
@@ -918,6 +952,10 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "virtual_ranks": len(assistant.virtual), "gloo_groups": len(assistant.pgs),
         "gloo_loop_policies": sorted(loop_policies().values()),
         "timer_lead_s": assistant.lead,
+        # timed: gloo ops issued, those held until their clock (ready up to `lead` early), for how
+        # long in all, and the most any went on the wire ahead of its clock (<= 0: none did)
+        "timed_gloo_ops": assistant.held[0], "held_ops": assistant.held[1], "held_s": assistant.held[2],
+        "max_ahead_of_clock_s": assistant.held[3] if assistant.held[0] else None,
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,
