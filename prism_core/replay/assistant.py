@@ -38,9 +38,15 @@ MAX_LEAD_S = 2e-3        # timed mode: the most a rank's timer fires ahead of it
 ASSISTANT = "assistant"
 
 
+HOLD_SPIN_S = 100e-6     # the end of a hold is spun, as a sleep overshoots by about half that
+
+
 def _hold_until(when: float) -> None:
-    """Spin until `when` (perf_counter): at most the lead, a fraction of a millisecond, which a
-    sleep would overshoot."""
+    """Wait until `when` (perf_counter), at most the lead: asleep but for the last HOLD_SPIN_S, so
+    that an assistant sharing cores with ranks (an unbound launch) takes little from them."""
+    left = when - time.perf_counter()
+    if left > HOLD_SPIN_S:
+        time.sleep(left - HOLD_SPIN_S)
     while time.perf_counter() < when:
         pass
 
