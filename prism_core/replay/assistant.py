@@ -51,6 +51,16 @@ def _hold_until(when: float) -> None:
         pass
 
 
+@dataclass
+class _Holds:
+    """Timed mode: the gloo ops issued, those held until their clock (ready up to `lead` early),
+    for how long in all, and the most any went on the wire ahead of its clock (<= 0: none did)."""
+    ops: int = 0
+    held: int = 0
+    held_s: float = 0.0
+    most_ahead_s: float = -float("inf")
+
+
 class _Handle:
     """One op of one virtual rank: done once its outputs are in; ranks blocked on it wait here."""
 
@@ -243,7 +253,7 @@ class Assistant:
         self.lead = 0.0
         self._targets: dict[int, float] = {}     # rank -> the clock it was woken for, its gloo op pending
         self._due: dict[int, float] = {}         # node -> the clock its gloo op goes on the wire at (timed)
-        self.held = [0, 0, 0.0, -float("inf")]   # timed gloo ops: issued, held, seconds held, most ahead of clock
+        self.holds = _Holds()
         self._woken: dict[int, float] = {}       # rank -> the clock its timer woke it for
         self._ranks = None        # rank of every node, when first needed
         self.source = source      # DP-expanded graph: per rank, the collected rank it copies
@@ -585,12 +595,12 @@ class Assistant:
         self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
         if due is not None:
             with self.lock:
-                held = self.held
-                held[0] += 1
+                holds = self.holds
+                holds.ops += 1
                 if due > ready:
-                    held[1] += 1
-                    held[2] += due - ready
-                held[3] = max(held[3], due - self.arrivals[i])
+                    holds.held += 1
+                    holds.held_s += due - ready
+                holds.most_ahead_s = max(holds.most_ahead_s, due - self.arrivals[i])
         pg = self.pgs[pg_key[:2]]                 # a tree part's queue key names its queue too
         if isinstance(spec, TreePart):            # completes its members through its futures
             spec.run(pg)
@@ -697,6 +707,8 @@ class Assistant:
     def _share_due(self, arrived, parts: list[int]) -> None:
         """Timed mode: a ring or tree op goes on the wire once its last virtual member is due; each
         part (by its node) gets that moment."""
+        if self.model is None:
+            return
         dues = [self._due.pop(n) for n in arrived if n in self._due]
         if dues:
             due = max(dues)
@@ -958,10 +970,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "virtual_ranks": len(assistant.virtual), "gloo_groups": len(assistant.pgs),
         "gloo_loop_policies": sorted(loop_policies().values()),
         "timer_lead_s": assistant.lead,
-        # timed: gloo ops issued, those held until their clock (ready up to `lead` early), for how
-        # long in all, and the most any went on the wire ahead of its clock (<= 0: none did)
-        "timed_gloo_ops": assistant.held[0], "held_ops": assistant.held[1], "held_s": assistant.held[2],
-        "max_ahead_of_clock_s": assistant.held[3] if assistant.held[0] else None,
+        "timed_gloo_ops": assistant.holds.ops, "held_ops": assistant.holds.held, "held_s": assistant.holds.held_s,
+        "max_ahead_of_clock_s": assistant.holds.most_ahead_s if assistant.holds.ops else None,
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,
