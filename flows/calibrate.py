@@ -59,6 +59,14 @@ def slice_task(config: dict, graph_dir: str, timing_pass: int, index: int, sandb
     return directory
 
 
+@task(name="time-slice-loaded", task_run_name="slice {index} beside the neighbour load: ranks {sandbox}",
+      cache_key_fn=_slice_cache_key)
+def loaded_slice_task(config: dict, graph_dir: str, index: int, sandbox: list[int], directory: str) -> str:
+    """Run one slice beside a compute load on the assistant's cores (its compute spans), or reuse it."""
+    run_slice(config_from_dict(config), Path(graph_dir), sandbox, Path(directory), neighbour_load=True)
+    return directory
+
+
 @task(name="calibrate", task_run_name="calibrate pass {timing_pass}")
 def calibrate_task(config: dict, graph_dir: str, timing_root: str, out_dir: str, timing_pass: int,
                    timing: str | None) -> tuple[dict, str]:
@@ -127,6 +135,9 @@ def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -
         with dask.annotate(resources={"slots": _slots_per_slice(cfg.emulation.sandbox)}):
             futures = [slice_task.with_options(refresh_cache=unfinished(job.directory, SLICE_DONE)).submit(
                 config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing) for job in jobs]
+            futures += [loaded_slice_task.with_options(refresh_cache=unfinished(job.loaded, SLICE_DONE)).submit(
+                config, graph_dir, job.index, job.sandbox, str(job.loaded))
+                for job in jobs if job.loaded is not None and n == 1]
         progress = Progress(f"timing pass {n}: slices", len(futures), echo=echo)
         try:
             for _ in as_completed(futures):   # every slice ends (or fails) before the flow reports

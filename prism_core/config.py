@@ -100,6 +100,10 @@ class EmulationConfig(_Strict):
     timing_passes: int = Field(1, ge=1, le=4, description="slice timing passes: the first replays virtual ranks "
                                                          "as fast as the graph allows, each further one in the "
                                                          "previous pass's calibrated time")
+    loaded_compute: bool = Field(True, description="slices bound to cores run once more with a compute load on "
+                                                   "the assistant's cores, and compute nodes take their spans from "
+                                                   "that run: in the full job a rank's neighbours compute too, "
+                                                   "sharing its caches and memory (launch/neighbour_load.py)")
     rules: list[str] = Field(default_factory=list, description="extra tensor rules, as module:function")
     dp_dedup: bool = Field(True, description="rules mode, built-in workloads: collect one DP replica and rename it "
                                              "to all; valid only when replicas run the same structure (not with "

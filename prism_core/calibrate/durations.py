@@ -11,13 +11,17 @@ monotonic clock) and the assistant's issue time of every virtual node. For each 
 - a wait: what it took after the op had completed; for a point-to-point op seen complete only
   at its wait, whose peer was there before the wait began, all the wait took (see below).
 
+With a loaded run of the slice (the same ranks beside a compute load on the assistant's cores,
+standing for the neighbours that compute beside a rank in the full job), compute nodes take
+their spans from it and everything else from the plain run, whose assistant had its core alone.
+
 Ranks not timed themselves (other DP replicas) take the model of the rank they are renamed from.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +29,7 @@ import numpy as np
 from prism_core.calibrate.timeline import NO_RELEASE, OP_RELEASE, WAIT_RELEASE, CalibrationError, NodeModel
 from prism_core.trace import Trace, merge_parts
 from prism_core.trace.matching import OpMatch
-from prism_core.trace.schema import COMM, OPS, P2P_OPS, WAIT
+from prism_core.trace.schema import COMM, COMPUTE, OPS, P2P_OPS, WAIT
 
 # an op that ended this much before its last member arrived did not wait for it (a buffered send)
 SYNC_SLACK_S = 1e-6
@@ -82,6 +86,23 @@ def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[in
     out = {}
     for r in sandbox:
         out[r] = _rank_timing(bare, match, r, measured.rank(r), last, slice_dir)
+    return out
+
+
+def load_ran(slice_dir: Path) -> bool:
+    """Whether a slice's launch ran the neighbour load (it does only when bound to cores)."""
+    placement = Path(slice_dir) / "placement.json"
+    return placement.is_file() and bool(json.loads(placement.read_text()).get("neighbour_load"))
+
+
+def with_loaded_compute(bare: Trace, plain: dict[int, RankTiming], loaded: dict[int, RankTiming]) -> dict[int, RankTiming]:
+    """`plain`'s timings with the compute spans of `loaded` (the same ranks' loaded run)."""
+    out = {}
+    for r, t in plain.items():
+        compute = bare.rank(r)["kind"] == COMPUTE
+        span = t.span.copy()
+        span[compute] = loaded[r].span[compute]
+        out[r] = replace(t, span=span)
     return out
 
 

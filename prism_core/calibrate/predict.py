@@ -5,6 +5,7 @@
 keeps outside its iterations (time between an optimizer step and the next `iteration_start`).
 Next to it, `uncalibrated` is what each rank measured in its own slice, where virtual peers
 answered as fast as the graph allowed: the paper's ablation without inter-slice calibration.
+Where a slice has a loaded run, its compute spans come from that run (`durations`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.calibrate.durations import RankTiming, merge_model, slice_timings, step_ends
+from prism_core.calibrate.durations import (RankTiming, load_ran, merge_model, slice_timings, step_ends,
+                                            with_loaded_compute)
 from prism_core.calibrate.timeline import NodeModel, solve
 from prism_core.config import PrismConfig
 from prism_core.metrics import metrics_document, rank_metrics
 from prism_core.trace import Trace
+from prism_core.trace.schema import COMPUTE
 from prism_core.trace.matching import match_ops
 
 
@@ -32,13 +35,25 @@ class Prediction:
     start: np.ndarray
     rounds: int
     model: NodeModel
+    loaded: dict | None = None               # slices whose compute came from a loaded run, and how much longer
 
 
-def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray) -> Prediction:
+def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray,
+            loaded: list[Path | None] | None = None) -> Prediction:
+    """`loaded[i]`: slice i run beside the neighbour load (None, or a run the load did not run in: its
+    compute spans are the plain run's)."""
     match = match_ops(bare)
     timings: dict[int, RankTiming] = {}
-    for directory, sandbox in slices:
-        timings.update(slice_timings(bare, match, directory, sandbox))
+    used, plain_compute, loaded_compute = 0, 0.0, 0.0
+    for (directory, sandbox), load_dir in zip(slices, loaded or [None] * len(slices)):
+        plain = slice_timings(bare, match, directory, sandbox)
+        if load_dir is not None and load_ran(load_dir):
+            beside = slice_timings(bare, match, load_dir, sandbox)
+            plain_compute += _compute_total(bare, plain)
+            plain = with_loaded_compute(bare, plain, beside)
+            loaded_compute += _compute_total(bare, plain)
+            used += 1
+        timings.update(plain)
     model = merge_model(bare, timings, source)
     end, start, rounds = solve(model, match, bare.offsets, source=source)
     step_times, uncalibrated, peaks = {}, {}, {}
@@ -49,7 +64,15 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
         step_times[r] = times
         uncalibrated[r] = list(t.step_times)
         peaks[r] = list(t.peaks)
-    return Prediction(step_times, uncalibrated, peaks, end, start, rounds, model)
+    load = None
+    if loaded is not None:
+        load = {"slices": used, "of": len(slices),
+                "compute_ratio": loaded_compute / plain_compute if plain_compute > 0 else None}
+    return Prediction(step_times, uncalibrated, peaks, end, start, rounds, model, load)
+
+
+def _compute_total(bare: Trace, timings: dict[int, RankTiming]) -> float:
+    return float(sum(t.span[bare.rank(r)["kind"] == COMPUTE].sum() for r, t in timings.items()))
 
 
 def _peak(peaks: list[int | None], warmup: int) -> int | None:
@@ -72,6 +95,8 @@ def prediction_metrics(cfg: PrismConfig, prediction: Prediction) -> dict:
         ranks[r] = entry
     doc = metrics_document("predicted", cfg.job.world_size, ranks)
     doc["calibration_rounds"] = prediction.rounds
+    if prediction.loaded is not None:
+        doc["loaded_compute"] = prediction.loaded
     oom = sorted(r for r, e in ranks.items() if e["oom"])
     if oom:
         step = min(ranks[r]["oom_step"] for r in oom)

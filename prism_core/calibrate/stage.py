@@ -17,6 +17,7 @@ import numpy as np
 
 from prism_core.calibrate.predict import predict, prediction_metrics
 from prism_core.config import PrismConfig
+from prism_core.launch.cores import machine_cores
 from prism_core.metrics import write_metrics
 from prism_core.replay.slices import TimingPlan, plan_slices, run_slice, slice_key
 from prism_core.trace import Trace
@@ -27,18 +28,35 @@ class SliceJob:
     index: int
     sandbox: list[int]
     directory: Path
+    loaded: Path | None = None    # the same slice run with the neighbour load, for compute spans
 
 
 def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Path,
                timing: Path | None = None) -> tuple[TimingPlan, list[SliceJob]]:
-    """The slices of a timing pass; `timing`: the calibrated timeline the virtual ranks replay (refinement)."""
+    """The slices of a timing pass; `timing`: the calibrated timeline the virtual ranks replay (refinement).
+
+    With `loaded_runs` each slice also has a loaded run, shared by every pass (the compute spans
+    it gives do not depend on how the virtual ranks were timed).
+    """
     plan = plan_slices(cfg, trace)
     graph_key = Path(graph_dir).name
-    base = Path(timing_root) / graph_key / f"s{cfg.emulation.sandbox}"
+    root = base = Path(timing_root) / graph_key / f"s{cfg.emulation.sandbox}"
     if timing is not None:
         base = base / f"refined_{_digest(timing)}"
-    jobs = [SliceJob(i, s, base / f"slice_{i}_{slice_key(graph_key, cfg, s)}") for i, s in enumerate(plan.slices)]
+    load = loaded_runs(cfg)
+    jobs = []
+    for i, s in enumerate(plan.slices):
+        key = slice_key(graph_key, cfg, s)
+        loaded = root / f"loaded_{i}_{key}" if load else None
+        jobs.append(SliceJob(i, s, base / f"slice_{i}_{key}", loaded))
     return plan, jobs
+
+
+def loaded_runs(cfg: PrismConfig) -> bool:
+    """Whether slices also run beside the neighbour load: asked for, and the slice's ranks and the
+    assistant can each have a core of this machine (the load runs on the assistant's)."""
+    return (cfg.emulation.loaded_compute and cfg.job.cpu_binding == "core"
+            and len(machine_cores()) > cfg.emulation.sandbox)
 
 
 def _digest(path: Path) -> str:
@@ -60,6 +78,8 @@ def time_and_calibrate(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_r
             out = run_slice(cfg, graph_dir, job.sandbox, job.directory, timing)
             if on_slice is not None:
                 on_slice(n, job, out)
+            if job.loaded is not None:
+                run_slice(cfg, graph_dir, job.sandbox, job.loaded, neighbour_load=True)
         document, timing = calibrate_pass(cfg, trace, plan, jobs, out_dir, n)
         documents.append(document)
     return finish_passes(out_dir, documents)
@@ -91,7 +111,8 @@ def finish_passes(out_dir: Path, documents: list[dict]) -> dict:
 
 def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path) -> dict:
     """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`."""
-    prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source)
+    prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source,
+                         loaded=[j.loaded for j in jobs] if loaded_runs(cfg) else None)
     document = prediction_metrics(cfg, prediction)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,7 @@ class LaunchSpec:
     helper: list[str] | None = None  # argv of one more process in the job (the replay assistant)
     progress: Callable[[int], None] | None = None  # called with the steps every started rank has done
     bind_cores: bool = False  # each started rank on a core of its own, when they fit (launch/cores.py)
+    neighbour_load: bool = False  # bound, with a helper: compute on the helper's cores (launch/neighbour_load.py)
 
     @property
     def started_ranks(self) -> list[int]:
@@ -156,13 +157,14 @@ class _Job:
         self.spec = spec
         self.ranks: dict[int, subprocess.Popen] = {}
         self.helper: subprocess.Popen | None = None
+        self.loads: list[subprocess.Popen] = []
         self.logs = []
         self.pgid: int | None = None
         self.placement: Placement | None = None
 
     @property
     def procs(self) -> list[subprocess.Popen]:
-        return list(self.ranks.values()) + ([self.helper] if self.helper is not None else [])
+        return list(self.ranks.values()) + ([self.helper] if self.helper is not None else []) + self.loads
 
     def _spawn(self, cmd: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen:
         log = open(self.spec.run_dir / "logs" / log_name, "wb")
@@ -184,6 +186,11 @@ class _Job:
                 env.pop(key)
             env.update(cpus.get(HELPER, {}))
             self.helper = self._spawn(self.spec.helper, env, f"{HELPER}.log")
+        for core in self._load_cores():
+            cmd = [sys.executable, "-m", "prism_core.launch.neighbour_load", "--seconds", str(self.spec.timeout_s),
+                   "--parent", str(os.getpid())]
+            env = {**os.environ, ENV_CPUS: str(core), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            self.loads.append(self._spawn(cmd, env, f"neighbour_load_{core}.log"))
         for rank in self.spec.started_ranks:
             cmd = [sys.executable, "-m", "prism_core.launch.rank_main", "--program", self.spec.program,
                    "--result-dir", str(self.spec.run_dir), "--", *self.spec.args]
@@ -204,8 +211,15 @@ class _Job:
                 env = {r: {ENV_CPUS: str(c)} for r, c in self.placement.ranks.items()}
                 if self.placement.helper:
                     env[HELPER] = {ENV_CPUS: ",".join(map(str, self.placement.helper))}
+                doc["neighbour_load"] = self._load_cores()
         write_json_atomic(self.spec.run_dir / "placement.json", doc)
         return env
+
+    def _load_cores(self) -> list[int]:
+        """The cores that get a neighbour load: the helper's, in a bound launch that asks for it."""
+        if not self.spec.neighbour_load or self.placement is None:
+            return []
+        return list(self.placement.helper)
 
     def kill(self) -> None:
         if self.pgid is None or all(p.poll() is not None for p in self.procs):

@@ -95,7 +95,7 @@ class SliceOutput:
 
 
 def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
-              timing: Path | None = None) -> SliceOutput:
+              timing: Path | None = None, neighbour_load: bool = False) -> SliceOutput:
     """Run one slice (or reuse a finished one): sandbox ranks real, the rest replayed by the assistant.
 
     `timing`: a calibrated `timeline.npz`; the virtual ranks then replay in calibrated time.
@@ -106,14 +106,14 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
     if (out_dir / SLICE_DONE).is_file():
         return SliceOutput(out_dir, sorted(sandbox), True)
     unbounded = cfg.model_copy(update={"job": cfg.job.model_copy(update={"device_memory_bytes": None})})
-    results = run_with_assistant(unbounded, graph_dir, sandbox, out_dir, timing)
+    results = run_with_assistant(unbounded, graph_dir, sandbox, out_dir, timing, neighbour_load=neighbour_load)
     write_json_atomic(out_dir / SLICE_DONE, {"sandbox": sorted(sandbox), "pid": os.getpid(),
                                              "steps": {str(r): len(res["step_times_s"]) for r, res in results.items()}})
     return SliceOutput(out_dir, sorted(sandbox), False)
 
 
 def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
-                       timing: Path | None = None, progress=None) -> dict[int, dict]:
+                       timing: Path | None = None, progress=None, neighbour_load: bool = False) -> dict[int, dict]:
     """Launch the sandbox ranks (the real program, instrumented as in `prism record`) and the replay
     assistant for every other rank; return each sandbox rank's result or raise `LaunchError`.
 
@@ -140,5 +140,6 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--timing", str(timing)]
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
-                      helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core")
+                      helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
+                      neighbour_load=neighbour_load)
     return launch(spec)

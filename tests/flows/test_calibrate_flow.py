@@ -49,12 +49,15 @@ def test_failed_slice_fails_the_flow_and_the_rerun_reuses_the_rest(prefect_serve
     with pytest.raises((PrefectException, RuntimeError), match="fails in its slice on purpose"):
         calibrate_flow(*args, root=str(stages))
     assert_nothing_left(tmp_path, script)
-    done = sorted(stages.glob(f"timing/*/s1/*/{SLICE_DONE}"))
+    done = sorted(stages.glob(f"timing/*/s1/slice_*/{SLICE_DONE}"))
     assert len(done) == 1 and "slice_0_" in str(done[0])     # rank 0's slice finished and stays
-    stamp = done[0].stat().st_mtime_ns
+    loaded = sorted(stages.glob(f"timing/*/s1/loaded_*/{SLICE_DONE}"))   # and its run beside the load
+    assert len(loaded) == 1 and "loaded_0_" in str(loaded[0])
+    stamps = [p.stat().st_mtime_ns for p in done + loaded]
     flag.unlink()
     doc = calibrate_flow(*args, root=str(stages))
     assert set(doc["ranks"]) == {"0", "1"}
-    assert done[0].stat().st_mtime_ns == stamp                 # reused, not rerun
-    assert len(sorted(stages.glob(f"timing/*/s1/*/{SLICE_DONE}"))) == 2
+    assert [p.stat().st_mtime_ns for p in done + loaded] == stamps   # reused, not rerun
+    assert len(sorted(stages.glob(f"timing/*/s1/slice_*/{SLICE_DONE}"))) == 2
+    assert len(sorted(stages.glob(f"timing/*/s1/loaded_*/{SLICE_DONE}"))) == 2
     assert_nothing_left(tmp_path, script)

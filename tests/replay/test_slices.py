@@ -11,16 +11,20 @@ import json
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
+from prism_core.calibrate.durations import slice_timings
 from prism_core.calibrate.stage import slice_jobs, time_and_calibrate
 from prism_core.collect import collect_rules
 from prism_core.collect.stage import collect
 from prism_core.config import config_from_dict, load_config
 from prism_core.launch import LaunchError
+from prism_core.launch.cores import machine_cores
 from prism_core.record import RecordOptions, record
 from prism_core.replay.slices import SLICE_DONE, plan_slices, run_slice
-from prism_core.trace.schema import COMM
+from prism_core.trace.matching import match_ops
+from prism_core.trace.schema import COMM, COMPUTE
 
 from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_nothing_left, make_job
 
@@ -56,6 +60,29 @@ def test_moe_pp2_slices_predict_every_rank_with_the_real_runs_memory(tmp_path):
         assert entry["peak_memory_bytes"] == real["ranks"][r]["peak_memory_bytes"]
     assert (tmp_path / "calibrate" / "metrics.json").is_file()
     assert (tmp_path / "calibrate" / "timeline.npz").is_file()
+    _compute_spans_come_from_the_loaded_runs(graph.trace, jobs, document, tmp_path / "calibrate" / "timeline.npz")
+
+
+def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) -> None:
+    match = match_ops(trace)
+    model = np.load(timeline)
+    bound = len(machine_cores()) >= 2
+    assert document["loaded_compute"]["of"] == len(jobs)
+    assert document["loaded_compute"]["slices"] == (len(jobs) if bound else 0)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if "prism_core.launch.neighbour_load" in (p.info["cmdline"] or [])]
+    assert not left, f"neighbour loads left running: {left}"
+    for job in jobs:
+        placement = json.loads((job.loaded / "placement.json").read_text())
+        assert placement["neighbour_load"]
+        assert not json.loads((job.directory / "placement.json").read_text()).get("neighbour_load")
+        plain = slice_timings(trace, match, job.directory, job.sandbox)
+        loaded = slice_timings(trace, match, job.loaded, job.sandbox)
+        for r in job.sandbox:
+            s = trace.rank_slice(r)
+            compute = trace.columns["kind"][s] == COMPUTE
+            assert np.array_equal(model["span"][s][compute], loaded[r].span[compute])
+            assert np.array_equal(model["span"][s][~compute], plain[r].span[~compute])
+            assert np.array_equal(model["transfer"][s], plain[r].transfer)
 
 
 @pytest.mark.timeout(300)

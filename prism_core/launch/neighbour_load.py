@@ -1,0 +1,94 @@
+"""Neighbour load: compute on the cores a sandbox launch leaves to its assistant, in the idle class.
+
+A slice or an emulation runs one real rank per core beside the replay assistant, whose virtual
+ranks compute nothing: the rest of the machine idles. In the full job every core runs a rank,
+and a rank's compute shares the chip's caches and memory with its neighbours' compute. On this
+machine (2 cores, shared L3) that makes a rank's compute spans of the W=2 configs 2-5% longer
+in `prism record` than alone in a slice (pp2: 98.0 / 107.6 ms of CPU per step for ranks 0 / 1
+in the real run against 96.4 / 103.4 in their slices; 101.3 / 108.2 with this load on the
+other core), which every prediction inherited.
+
+The load stands for those neighbours: a single-threaded torch MLP forward and backward on
+small tensors (a working set of a few MiB, as a small rank's), run on one core in SCHED_IDLE,
+so that any thread of the assistant in the normal class takes the core from it at once; one
+in the idle class (the gloo loops) does not preempt it, so the load works in short units and
+yields the core after each. It runs until its deadline or until the launcher that started
+it is gone.
+
+    python -m prism_core.launch.neighbour_load --seconds S --parent PID
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+CHECK_EVERY_S = 0.2
+
+
+class Load:
+    """Neighbour compute in short units: each call, a forward and backward pass of the next block
+    of a small MLP (four blocks, about 4 MiB of weights and gradients in all; a fraction of a
+    millisecond a call), so that a thread of the idle class woken meanwhile (the assistant's gloo
+    loops, transport_threads.py) waits at most that long: `run` yields the core after each."""
+
+    def __init__(self) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        self.blocks = [torch.nn.Sequential(torch.nn.LayerNorm(128), torch.nn.Linear(128, 512), torch.nn.GELU(),
+                                           torch.nn.Linear(512, 128)) for _ in range(4)]
+        self.x = torch.randn(32, 128)
+        self.calls = 0
+
+    def __call__(self) -> None:
+        block = self.blocks[self.calls % len(self.blocks)]
+        self.calls += 1
+        block.zero_grad(set_to_none=True)
+        block(self.x).square().mean().backward()
+
+
+def set_idle_class() -> bool:
+    """This process in SCHED_IDLE (False where the platform has no such class)."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    return True
+
+
+def run(seconds: float, parent: int | None) -> int:
+    """Run the load until `seconds` pass or `parent` is no longer this process's parent; the steps run."""
+    step = Load()
+    deadline = time.monotonic() + seconds
+    done, next_check = 0, 0.0
+    while True:
+        now = time.monotonic()
+        if now >= next_check:
+            if now >= deadline or (parent is not None and os.getppid() != parent):
+                return done
+            next_check = now + CHECK_EVERY_S
+        step()
+        done += 1
+        os.sched_yield()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, required=True, help="run at most this long")
+    parser.add_argument("--parent", type=int, default=None, help="stop when this process is gone")
+    args = parser.parse_args(argv)
+    from prism_core.launch.cores import bind_from_env
+
+    bind_from_env()
+    if not set_idle_class():
+        print("neighbour load: no idle scheduling class here; not running", file=sys.stderr)
+        return
+    steps = run(args.seconds, args.parent)
+    print(f"neighbour load: {steps} steps", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

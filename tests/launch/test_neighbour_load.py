@@ -1,0 +1,77 @@
+"""The neighbour load: idle class, on its core, gone with its deadline or its launcher."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from prism_core.launch.cores import ENV_CPUS, machine_cores
+from prism_core.launch.neighbour_load import Load, run
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs the SCHED_IDLE class")
+
+
+def test_load_runs_steps_until_its_deadline():
+    t0 = time.monotonic()
+    steps = run(0.5, parent=None)
+    took = time.monotonic() - t0
+    assert steps > 0 and 0.5 <= took < 5.0
+
+
+def test_load_stops_when_its_parent_is_not_the_one_given():
+    assert run(60.0, parent=-1) == 0
+
+
+def test_load_steps_are_forward_and_backward_passes_over_every_block():
+    load = Load()
+    for _ in range(len(load.blocks)):
+        load()
+    grads = [p.grad for b in load.blocks for p in b.parameters()]
+    assert grads and all(g is not None and torch.count_nonzero(g) > 0 for g in grads)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout=timeout)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_process_is_idle_class_on_its_core_and_leaves_with_its_launcher():
+    core = machine_cores()[-1]
+    # an intermediate launcher starts the load, reports its pid, then exits: the load must follow
+    code = (
+        "import os, subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'prism_core.launch.neighbour_load', '--seconds', '60',"
+        " '--parent', str(os.getpid())])\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(float(sys.argv[1]))\n"
+    )
+    env = {**os.environ, ENV_CPUS: str(core)}
+    launcher = subprocess.Popen([sys.executable, "-c", code, "8"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(launcher.stdout.readline())
+        load = psutil.Process(pid)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and os.sched_getscheduler(pid) != os.SCHED_IDLE:
+            time.sleep(0.1)   # binding and the class are set once the module runs
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and load.cpu_affinity() != [core]:
+            time.sleep(0.1)
+        assert load.cpu_affinity() == [core]
+        launcher.wait(timeout=30)
+        assert _wait_gone(pid, timeout=10), "the load outlived its launcher"
+    finally:
+        launcher.kill()
+        launcher.wait()
