@@ -47,6 +47,7 @@ class RankTiming:
     step_times: list[float]      # as measured in the slice (the ablation without calibration)
     gaps: list[float]            # per step: time between the previous step's end and this step's start
     peaks: list[int | None]
+    run: str = ""                # the slice run it was measured in
 
 
 def _check_same_structure(bare: Trace, rank: int, measured: dict[str, np.ndarray], where: Path) -> None:
@@ -160,7 +161,7 @@ def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.nd
     ends = [float(t1[np.nonzero(step_col == k)[0][-1]]) for k in range(len(steps)) if np.any(step_col == k)]
     gaps = [0.0] + [max((ends[k] - ends[k - 1]) - steps[k], 0.0) for k in range(1, len(ends))]
     return RankTiming(span=span, release=release, completes_synced=synced, transfer=transfer, step_times=steps,
-                      gaps=gaps, peaks=result.get("step_peaks") or [])
+                      gaps=gaps, peaks=result.get("step_peaks") or [], run=str(slice_dir))
 
 
 def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray) -> NodeModel:
@@ -183,6 +184,62 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
     rank_of = np.repeat(np.arange(bare.world_size), np.diff(bare.offsets))
     ref[waits] = bare.offsets[rank_of[waits]] + bare.columns["ref"][waits]
     return NodeModel(span=span, release=release, ref=ref, completes_synced=synced, transfer=transfer)
+
+
+def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: dict[int, RankTiming],
+                      source: np.ndarray) -> NodeModel:
+    """Collectives whose members were timed in different runs: each member's transfer becomes the op's
+    mean over members plus the member's own mean offset from it (over its ops of the same kind
+    and size).
+
+    Members timed together leave a collective together, give or take what their order of
+    arrival and their place in the ring make (the real tp2 run: ends 31 us apart on average).
+    Timed in different slices, each member's transfer carries its own run's noise (tens to a
+    hundred microseconds an op), so that in the timeline they leave apart and the next op waits
+    for the later: time no run spends. Pooling keeps the op's mean and each member's lasting
+    offset and drops the noise no real run shares. Ops of one run (a `prism record` fed back,
+    a slice of S ranks) keep their times.
+    """
+    runs = {r: t.run for r, t in timings.items()}
+    names = sorted(set(runs.values()))
+    if len(names) < 2 or match.n_ops == 0:
+        return model
+    rank_of = np.repeat(np.arange(bare.world_size), np.diff(bare.offsets))
+    run_of_rank = np.array([names.index(runs[int(source[r])]) for r in range(bare.world_size)])
+    order, bounds = match.order, match.bounds
+    starts = bounds[:-1]
+    op_of = np.repeat(np.arange(match.n_ops), match.members)
+    c = bare.columns
+    run = run_of_rank[rank_of[order]]
+    size = c["bytes"][order].astype(np.float64)
+    code = c["op"][order]
+    # an op qualifies when its members span runs, all completed from the last arrival, and all
+    # move the same bytes (a collective, not an exchange of unequal parts or a send and recv)
+    spans_runs = np.maximum.reduceat(run, starts) != np.minimum.reduceat(run, starts)
+    all_synced = np.minimum.reduceat(model.completes_synced[order].astype(np.int8), starts) == 1
+    same_size = np.maximum.reduceat(size, starts) == np.minimum.reduceat(size, starts)
+    p2p = np.isin(code, list(P2P_OPS))
+    collective = np.maximum.reduceat(p2p.astype(np.int8), starts) == 0
+    pooled_op = spans_runs & all_synced & same_size & collective & (match.members > 1)
+    pick = pooled_op[op_of]
+    if not pick.any():
+        return model
+    nodes = order[pick]
+    ops = op_of[pick]
+    t = model.transfer[nodes]
+    mean = (np.bincount(ops, weights=t, minlength=match.n_ops) / np.maximum(match.members, 1))[ops]
+    # a member's lasting offset: over its nodes of the same op kind and size
+    key = np.stack([rank_of[nodes], code[pick].astype(np.int64), c["bytes"][nodes].astype(np.int64)], axis=1)
+    _, cls = np.unique(key, axis=0, return_inverse=True)
+    cls = cls.ravel()
+    offset = (np.bincount(cls, weights=t - mean) / np.bincount(cls))[cls]
+    new = np.maximum(mean + offset, 0.0)
+    transfer = model.transfer.copy()
+    span = model.span.copy()
+    transfer[nodes] = new
+    blocking = model.release[nodes] == OP_RELEASE      # its span is the transfer plus what followed it
+    span[nodes[blocking]] = np.maximum(span[nodes[blocking]] + (new - t)[blocking], 0.0)
+    return replace(model, transfer=transfer, span=span)
 
 
 def step_ends(bare: Trace, end: np.ndarray, rank: int) -> list[float]:

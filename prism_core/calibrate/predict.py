@@ -5,7 +5,8 @@
 keeps outside its iterations (time between an optimizer step and the next `iteration_start`).
 Next to it, `uncalibrated` is what each rank measured in its own slice, where virtual peers
 answered as fast as the graph allowed: the paper's ablation without inter-slice calibration.
-Where a slice has a loaded run, its compute spans come from that run (`durations`).
+Where a slice has a loaded run, its compute spans come from that run, and collectives whose
+members were timed in different slices have their members' noise pooled (`durations`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.calibrate.durations import (RankTiming, load_ran, merge_model, slice_timings, step_ends,
-                                            with_loaded_compute)
+from prism_core.calibrate.durations import (RankTiming, load_ran, merge_model, pool_member_noise, slice_timings,
+                                            step_ends, with_loaded_compute)
 from prism_core.calibrate.timeline import NodeModel, solve
 from prism_core.config import PrismConfig
 from prism_core.metrics import metrics_document, rank_metrics
@@ -55,6 +56,7 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
             used += 1
         timings.update(plain)
     model = merge_model(bare, timings, source)
+    model = pool_member_noise(bare, match, model, timings, source)
     end, start, rounds = solve(model, match, bare.offsets, source=source)
     step_times, uncalibrated, peaks = {}, {}, {}
     for r in range(bare.world_size):

@@ -2,6 +2,7 @@
 
 Hand-built: rank 0 posts an asynchronous receive, computes, then waits for it; rank 1 (the peer)
 sends. The receive's completion is only seen at the wait (gloo p2p works have no callback).
+Then the pooling of collectives whose members were timed in different runs.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import json
 import numpy as np
 import pytest
 
-from prism_core.calibrate.durations import _rank_timing
+from prism_core.calibrate.durations import RankTiming, _rank_timing, pool_member_noise
+from prism_core.calibrate.timeline import solve
 from prism_core.trace.matching import match_ops
+from prism_core.trace.schema import COMM
 
-from tests.calibrate.test_timeline import build, compute, recv, send, wait
+from tests.calibrate.test_timeline import allreduce, build, compute, recv, send, wait
 
 
 def _timing(tmp_path, peer_arrives: float, wait_from: float, wait_to: float):
@@ -49,3 +52,54 @@ def test_a_peer_later_than_the_wait_counts_from_its_arrival(tmp_path):
 def test_a_wait_on_a_finished_op_takes_nothing(tmp_path):
     t = _timing(tmp_path, peer_arrives=1.5, wait_from=3.0, wait_to=3.0)
     assert t.transfer[0] == 0.0 and t.span[2] == pytest.approx(0.0)
+
+
+# ---------------------------------------------------------------- members timed in different runs
+
+def _pooled(transfers: list[list[float]], runs: list[str], ops):
+    """Two ranks, op k made by `ops[k](rank, k, transfer)` after a compute; rank r's transfers
+    `transfers[r]`, timed in run `runs[r]`."""
+    ranks = [[node for k, t in enumerate(ts) for node in (compute(1.0), ops[k](r, k, t))] for r, ts in enumerate(transfers)]
+    trace, model = build(ranks, [(0, 1)])
+    timings = {r: RankTiming(span=model.span[trace.rank_slice(r)], release=model.release[trace.rank_slice(r)],
+                             completes_synced=model.completes_synced[trace.rank_slice(r)],
+                             transfer=model.transfer[trace.rank_slice(r)], step_times=[], gaps=[], peaks=[],
+                             run=runs[r]) for r in range(2)}
+    match = match_ops(trace)
+    return trace, match, model, pool_member_noise(trace, match, model, timings, np.arange(2))
+
+
+def _allreduce(rank: int, seq: int, t: float) -> dict:
+    return allreduce(0, seq, t)
+
+
+def test_members_timed_in_different_runs_keep_the_ops_mean_and_their_lasting_offsets():
+    # op means 0.20, 0.20, 0.23; rank 0 sits 0.01 below them on average, rank 1 0.01 above
+    trace, match, model, pooled = _pooled([[0.10, 0.30, 0.20], [0.30, 0.10, 0.26]], ["slice_0", "slice_1"],
+                                          [_allreduce] * 3)
+    comm = trace.columns["kind"] == COMM
+    assert pooled.transfer[comm] == pytest.approx([0.19, 0.19, 0.22, 0.21, 0.21, 0.24])
+    assert pooled.span[comm] == pytest.approx(pooled.transfer[comm])        # a blocking op's span follows it
+    assert np.array_equal(pooled.span[~comm], model.span[~comm])
+    end, _, _ = solve(pooled, match, trace.offsets)
+    gaps = end[trace.rank_slice(1)][comm[trace.rank_slice(1)]] - end[trace.rank_slice(0)][comm[trace.rank_slice(0)]]
+    assert gaps == pytest.approx([0.02, 0.02, 0.02])       # members leave together, give or take their offset
+
+
+def test_members_timed_in_one_run_keep_their_own_times():
+    _, _, model, pooled = _pooled([[0.10, 0.30], [0.30, 0.10]], ["record", "record"], [_allreduce] * 2)
+    assert pooled is model
+
+
+def test_point_to_point_and_unequal_sizes_keep_their_own_times():
+    def p2p(rank, seq, t):
+        return send(1, t, seq=seq) if rank == 0 else recv(0, t, seq=seq)
+    _, _, model, pooled = _pooled([[0.10, 0.30], [0.30, 0.10]], ["slice_0", "slice_1"], [p2p] * 2)
+    assert np.array_equal(pooled.transfer, model.transfer)
+    trace, match, model, _ = _pooled([[0.10], [0.30]], ["slice_0", "slice_1"], [_allreduce])
+    trace.columns["bytes"][trace.offsets[1] + 1] = 2048          # rank 1's part is larger: not one collective
+    timings = {r: RankTiming(span=model.span[trace.rank_slice(r)], release=model.release[trace.rank_slice(r)],
+                             completes_synced=model.completes_synced[trace.rank_slice(r)],
+                             transfer=model.transfer[trace.rank_slice(r)], step_times=[], gaps=[], peaks=[],
+                             run=f"slice_{r}") for r in range(2)}
+    assert np.array_equal(pool_member_noise(trace, match, model, timings, np.arange(2)).transfer, model.transfer)
