@@ -188,17 +188,18 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
 
 def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: dict[int, RankTiming],
                       source: np.ndarray) -> NodeModel:
-    """Collectives whose members were timed in different runs: each member's transfer becomes the op's
-    mean over members plus the member's own mean offset from it (over its ops of the same kind
-    and size).
+    """Collectives whose members were timed in different runs: every member takes the op's mean
+    transfer over its members.
 
-    Members timed together leave a collective together, give or take what their order of
-    arrival and their place in the ring make (the real tp2 run: ends 31 us apart on average).
-    Timed in different slices, each member's transfer carries its own run's noise (tens to a
-    hundred microseconds an op), so that in the timeline they leave apart and the next op waits
-    for the later: time no run spends. Pooling keeps the op's mean and each member's lasting
-    offset and drops the noise no real run shares. Ops of one run (a `prism record` fed back,
-    a slice of S ranks) keep their times.
+    Members of a real collective leave it together, give or take what their order of arrival
+    makes (the real tp2 run: ends 31 us apart on average; each rank's mean transfer within
+    6-14 us of the other's, which is the higher changing from run to run). Timed in different
+    slices, each member's transfer carries its own run's noise (tens to a hundred microseconds
+    an op) and a lasting part that belongs to the run, not the rank (tp2: rank 1's slices
+    measured 405-408 us an all-reduce, rank 0's 370-372, in two pairs of slices), so that in
+    the timeline they leave apart and the next op's earlier arrival waits for the later: time
+    no run spends. Ops of one run (a `prism record` fed back, a slice of S ranks) keep their
+    members' own times.
     """
     runs = {r: t.run for r, t in timings.items()}
     names = sorted(set(runs.values()))
@@ -206,39 +207,27 @@ def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: di
         return model
     rank_of = np.repeat(np.arange(bare.world_size), np.diff(bare.offsets))
     run_of_rank = np.array([names.index(runs[int(source[r])]) for r in range(bare.world_size)])
-    order, bounds = match.order, match.bounds
-    starts = bounds[:-1]
+    order, starts = match.order, match.bounds[:-1]
     op_of = np.repeat(np.arange(match.n_ops), match.members)
-    c = bare.columns
     run = run_of_rank[rank_of[order]]
-    size = c["bytes"][order].astype(np.float64)
-    code = c["op"][order]
+    size = bare.columns["bytes"][order].astype(np.float64)
+    p2p = np.isin(bare.columns["op"][order], list(P2P_OPS)).astype(np.int8)
     # an op qualifies when its members span runs, all completed from the last arrival, and all
-    # move the same bytes (a collective, not an exchange of unequal parts or a send and recv)
-    spans_runs = np.maximum.reduceat(run, starts) != np.minimum.reduceat(run, starts)
-    all_synced = np.minimum.reduceat(model.completes_synced[order].astype(np.int8), starts) == 1
-    same_size = np.maximum.reduceat(size, starts) == np.minimum.reduceat(size, starts)
-    p2p = np.isin(code, list(P2P_OPS))
-    collective = np.maximum.reduceat(p2p.astype(np.int8), starts) == 0
-    pooled_op = spans_runs & all_synced & same_size & collective & (match.members > 1)
-    pick = pooled_op[op_of]
+    # move the same bytes (a collective, not an exchange of unequal parts or a send and a recv)
+    pooled = ((np.maximum.reduceat(run, starts) != np.minimum.reduceat(run, starts))
+              & (np.minimum.reduceat(model.completes_synced[order].astype(np.int8), starts) == 1)
+              & (np.maximum.reduceat(size, starts) == np.minimum.reduceat(size, starts))
+              & (np.maximum.reduceat(p2p, starts) == 0) & (match.members > 1))
+    pick = pooled[op_of]
     if not pick.any():
         return model
-    nodes = order[pick]
-    ops = op_of[pick]
-    t = model.transfer[nodes]
-    mean = (np.bincount(ops, weights=t, minlength=match.n_ops) / np.maximum(match.members, 1))[ops]
-    # a member's lasting offset: over its nodes of the same op kind and size
-    key = np.stack([rank_of[nodes], code[pick].astype(np.int64), c["bytes"][nodes].astype(np.int64)], axis=1)
-    _, cls = np.unique(key, axis=0, return_inverse=True)
-    cls = cls.ravel()
-    offset = (np.bincount(cls, weights=t - mean) / np.bincount(cls))[cls]
-    new = np.maximum(mean + offset, 0.0)
-    transfer = model.transfer.copy()
-    span = model.span.copy()
+    nodes, ops = order[pick], op_of[pick]
+    old = model.transfer[nodes]
+    new = (np.bincount(ops, weights=old, minlength=match.n_ops) / np.maximum(match.members, 1))[ops]
+    transfer, span = model.transfer.copy(), model.span.copy()
     transfer[nodes] = new
     blocking = model.release[nodes] == OP_RELEASE      # its span is the transfer plus what followed it
-    span[nodes[blocking]] = np.maximum(span[nodes[blocking]] + (new - t)[blocking], 0.0)
+    span[nodes[blocking]] = np.maximum(span[nodes[blocking]] + (new - old)[blocking], 0.0)
     return replace(model, transfer=transfer, span=span)
 
 
