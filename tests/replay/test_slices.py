@@ -24,7 +24,7 @@ from prism_core.launch.cores import machine_cores
 from prism_core.record import RecordOptions, record
 from prism_core.replay.slices import SLICE_DONE, plan_slices, run_slice
 from prism_core.trace.matching import match_ops
-from prism_core.trace.schema import COMM, COMPUTE
+from prism_core.trace.schema import COMM, COMPUTE, P2P_OPS, WAIT
 
 from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_nothing_left, make_job
 
@@ -64,25 +64,29 @@ def test_moe_pp2_slices_predict_every_rank_with_the_real_runs_memory(tmp_path):
 
 
 def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) -> None:
-    match = match_ops(trace)
-    model = np.load(timeline)
-    bound = len(machine_cores()) >= 2
-    assert document["loaded_compute"]["of"] == len(jobs)
-    assert document["loaded_compute"]["slices"] == (len(jobs) if bound else 0)
+    """Compute nodes take their spans from the slice's run beside the neighbour load; waits and
+    point-to-point ops theirs from the plain run (collectives are pooled across slices)."""
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if "prism_core.launch.neighbour_load" in (p.info["cmdline"] or [])]
     assert not left, f"neighbour loads left running: {left}"
+    if len(machine_cores()) < 2:     # no core for the assistant, so none for the load: no loaded runs
+        assert "loaded_compute" not in document and all(j.loaded is None for j in jobs)
+        return
+    assert document["loaded_compute"]["slices"] == document["loaded_compute"]["of"] == len(jobs)
+    match = match_ops(trace)
+    model = np.load(timeline)
     for job in jobs:
-        placement = json.loads((job.loaded / "placement.json").read_text())
-        assert placement["neighbour_load"]
+        assert json.loads((job.loaded / "placement.json").read_text())["neighbour_load"]
         assert not json.loads((job.directory / "placement.json").read_text()).get("neighbour_load")
         plain = slice_timings(trace, match, job.directory, job.sandbox)
         loaded = slice_timings(trace, match, job.loaded, job.sandbox)
         for r in job.sandbox:
             s = trace.rank_slice(r)
-            compute = trace.columns["kind"][s] == COMPUTE
+            kind, op = trace.columns["kind"][s], trace.columns["op"][s]
+            compute = kind == COMPUTE
+            own = (kind == WAIT) | np.isin(op, list(P2P_OPS))
             assert np.array_equal(model["span"][s][compute], loaded[r].span[compute])
-            assert np.array_equal(model["span"][s][~compute], plain[r].span[~compute])
-            assert np.array_equal(model["transfer"][s], plain[r].transfer)
+            assert np.array_equal(model["span"][s][own], plain[r].span[own])
+            assert np.array_equal(model["transfer"][s][own], plain[r].transfer[own])
 
 
 @pytest.mark.timeout(300)
