@@ -2,10 +2,13 @@
 rules and DP dedup, expanded to every rank) calibrated with a synthetic slice timing.
 
 Every timed rank (one DP replica) gets node times drawn from fixed distributions (compute
-1-2 ms, transfers 0.1 ms) and the other replicas take them by renaming, as slices would give
-them. Printed: nodes, the time to expand and match the graph, the calibration's rounds and wall
-time on the DP-symmetric quotient (what `prism calibrate` runs), and — unless --no-full —
-the general solver over all W ranks for comparison, with the largest difference between them.
+1-2 ms, transfers 0.05-0.15 ms) and the other replicas take them by renaming, as slices would
+give them; the timed ranks fall into slices of two, and collectives whose members come from
+different slices are pooled as `prism calibrate` pools them (`durations.pool_member_noise`).
+Printed: nodes, the time to expand and match the graph, the pooling's time, the calibration's
+rounds and wall time on the DP-symmetric quotient (what `prism calibrate` runs), and — unless
+--no-full — the general solver over all W ranks for comparison, with the largest difference
+between them (pooled, the model must stay symmetric under the DP renaming for them to agree).
 
     .venv/bin/python bench/calibrate_scale.py [--dp 256] [--no-full]
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prism_core.calibrate.durations import RankTiming, pool_member_noise
 from prism_core.calibrate.timeline import OP_RELEASE, WAIT_RELEASE, NodeModel, solve
 from prism_core.collect import collect_rules
 from prism_core.config import load_config
@@ -44,8 +48,16 @@ def synthetic_model(trace, source: np.ndarray, seed: int = 0) -> NodeModel:
     ref = np.full(n, -1, dtype=np.int64)
     waits = kind == WAIT
     ref[waits] = trace.offsets[rank_of[waits]] + c["ref"][waits]
-    return NodeModel(span=span, release=release, ref=ref, completes_synced=kind == COMM,
-                     transfer=np.where(kind == COMM, 1e-4, 0.0))
+    transfer = np.where(kind == COMM, rng.uniform(0.5e-4, 1.5e-4, n), 0.0)[from_node]
+    span[release == OP_RELEASE] = transfer[release == OP_RELEASE]
+    return NodeModel(span=span, release=release, ref=ref, completes_synced=kind == COMM, transfer=transfer)
+
+
+def slice_runs(timed: list[int], sandbox: int = 2) -> dict[int, RankTiming]:
+    """Each timed rank's run, as slices of `sandbox` ranks would give them (only `run` is read)."""
+    empty = np.empty(0)
+    return {r: RankTiming(span=empty, release=empty, completes_synced=empty, transfer=empty, step_times=[], gaps=[],
+                          peaks=[], run=f"slice_{k // sandbox}") for k, r in enumerate(timed)}
 
 
 def main() -> None:
@@ -66,6 +78,9 @@ def main() -> None:
     model = synthetic_model(trace, plan.source)
     t_prep = time.perf_counter() - t0
     t0 = time.perf_counter()
+    model = pool_member_noise(trace, match, model, slice_runs(plan.timed), plan.source)
+    t_pool = time.perf_counter() - t0
+    t0 = time.perf_counter()
     end_q, _, rounds_q = solve(model, match, trace.offsets, source=plan.source)
     t_quotient = time.perf_counter() - t0
     rows = [("DP-symmetric quotient", len(plan.timed), rounds_q, t_quotient, "")]
@@ -75,7 +90,7 @@ def main() -> None:
         rows.append(("general (all ranks)", world, rounds, time.perf_counter() - t0,
                      f"max |diff| {np.abs(end - end_q).max():.2e} s"))
     print(f"\nW={world}: {int(trace.offsets[-1]):,} nodes, {match.n_ops:,} ops; collect (rules, DP dedup, "
-          f"expansion) {t_collect:.1f} s; matching + model {t_prep:.1f} s")
+          f"expansion) {t_collect:.1f} s; matching + model {t_prep:.1f} s; pooling {t_pool:.2f} s")
     print(f"{'solver':<24} {'ranks solved':>12} {'rounds':>7} {'wall (s)':>9}")
     for name, ranks, rounds, wall, note in rows:
         print(f"{name:<24} {ranks:>12} {rounds:>7} {wall:9.2f}  {note}")

@@ -1,19 +1,17 @@
-"""Neighbour load: compute on the cores a sandbox launch leaves to its assistant, in the idle class.
+"""Neighbour load: compute on the cores a slice leaves to its assistant, in the idle class.
 
-A slice or an emulation runs one real rank per core beside the replay assistant, whose virtual
-ranks compute nothing: the rest of the machine idles. In the full job every core runs a rank,
-and a rank's compute shares the chip's caches and memory with its neighbours' compute. On this
-machine (2 cores, shared L3) that makes a rank's compute spans of the W=2 configs 2-5% longer
-in `prism record` than alone in a slice (pp2: 98.0 / 107.6 ms of CPU per step for ranks 0 / 1
-in the real run against 96.4 / 103.4 in their slices; 101.3 / 108.2 with this load on the
-other core), which every prediction inherited.
+A slice runs one real rank per core beside the replay assistant, whose virtual ranks compute
+nothing: the rest of the machine idles. In the full job every core runs a rank, and a rank's
+compute shares the chip's caches and memory with its neighbours' compute: the W=2 configs'
+compute spans come out 2-9% longer in `prism record` than alone in a slice.
 
 The load stands for those neighbours: a single-threaded torch MLP forward and backward on
 small tensors (a working set of a few MiB, as a small rank's), run on one core in SCHED_IDLE,
 so that any thread of the assistant in the normal class takes the core from it at once; one
 in the idle class (the gloo loops) does not preempt it, so the load works in short units and
 yields the core after each. It runs until its deadline or until the launcher that started
-it is gone.
+it is gone. It also slows the assistant's part of every collective on that core, so a slice
+takes only its compute spans from a run beside it, a run of its own (calibrate/durations.py).
 
     python -m prism_core.launch.neighbour_load --seconds S --parent PID
 """
