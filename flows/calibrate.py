@@ -135,10 +135,13 @@ def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -
         with dask.annotate(resources={"slots": _slots_per_slice(cfg.emulation.sandbox)}):
             futures = [slice_task.with_options(refresh_cache=unfinished(job.directory, SLICE_DONE)).submit(
                 config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing) for job in jobs]
+        loaded = [job for job in jobs if job.loaded is not None and n == 1]
+        # a loaded run takes a whole worker: its load must run beside no other slice (launch/cores.py)
+        with dask.annotate(resources={"slots": _most_slots() or local_slots(cfg.emulation.sandbox)}):
             futures += [loaded_slice_task.with_options(refresh_cache=unfinished(job.loaded, SLICE_DONE)).submit(
-                config, graph_dir, job.index, job.sandbox, str(job.loaded))
-                for job in jobs if job.loaded is not None and n == 1]
-        progress = Progress(f"timing pass {n}: slices", len(futures), echo=echo)
+                config, graph_dir, job.index, job.sandbox, str(job.loaded)) for job in loaded]
+        what = "slices and their loaded runs" if loaded else "slices"
+        progress = Progress(f"timing pass {n}: {what}", len(futures), echo=echo)
         try:
             for _ in as_completed(futures):   # every slice ends (or fails) before the flow reports
                 progress.step()

@@ -57,9 +57,16 @@ def _leftovers(tmp_path: Path, script: Path) -> list[str]:
         if status == psutil.STATUS_ZOMBIE or not cmdline or str(script) in cmdline:
             left.append(f"rank {pid_file.name}: pid {pid} ({status})")
     for proc in psutil.process_iter(["pid", "cmdline"]):
-        if str(script) in (proc.info["cmdline"] or []) and proc.pid != os.getpid():
-            left.append(f"pid {proc.pid}: {' '.join(proc.info['cmdline'])}")
+        cmdline = proc.info["cmdline"] or []
+        if (str(script) in cmdline and proc.pid != os.getpid()) or our_load(cmdline):
+            left.append(f"pid {proc.pid}: {' '.join(cmdline)}")
     return left
+
+
+def our_load(cmdline: list[str]) -> bool:
+    """A neighbour load a launch of this test process started (launch/neighbour_load.py)."""
+    return ("prism_core.launch.neighbour_load" in cmdline and "--parent" in cmdline
+            and cmdline[cmdline.index("--parent") + 1:][:1] == [str(os.getpid())])
 
 
 def assert_nothing_left(tmp_path: Path, script: Path, expect_pids: int | None = None) -> None:

@@ -14,6 +14,8 @@ monotonic clock) and the assistant's issue time of every virtual node. For each 
 With a loaded run of the slice (the same ranks beside a compute load on the assistant's cores,
 standing for the neighbours that compute beside a rank in the full job), compute nodes take
 their spans from it and everything else from the plain run, whose assistant had its core alone.
+Collectives whose members were timed in different runs give every member the members' mean
+transfer (`pool_member_noise`).
 
 Ranks not timed themselves (other DP replicas) take the model of the rank they are renamed from.
 """
@@ -91,9 +93,14 @@ def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[in
 
 
 def load_ran(slice_dir: Path) -> bool:
-    """Whether a slice's launch ran the neighbour load (it does only when bound to cores)."""
+    """Whether a slice's launch ran the neighbour load to its end (it starts one only when bound
+    to cores, alone on the machine)."""
     placement = Path(slice_dir) / "placement.json"
-    return placement.is_file() and bool(json.loads(placement.read_text()).get("neighbour_load"))
+    if not placement.is_file():
+        return False
+    doc = json.loads(placement.read_text())
+    cores = doc.get("neighbour_load") or []
+    return bool(cores) and sorted(doc.get("neighbour_load_ran") or []) == sorted(cores)
 
 
 def with_loaded_compute(bare: Trace, plain: dict[int, RankTiming], loaded: dict[int, RankTiming]) -> dict[int, RankTiming]:
@@ -199,7 +206,8 @@ def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: di
     measured 405-408 us an all-reduce, rank 0's 370-372, in two pairs of slices), so that in
     the timeline they leave apart and the next op's earlier arrival waits for the later: time
     no run spends. Ops of one run (a `prism record` fed back, a slice of S ranks) keep their
-    members' own times.
+    members' own times. A blocking op's span (its transfer plus what followed it) moves with
+    its transfer.
     """
     runs = {r: t.run for r, t in timings.items()}
     names = sorted(set(runs.values()))

@@ -5,8 +5,9 @@
 keeps outside its iterations (time between an optimizer step and the next `iteration_start`).
 Next to it, `uncalibrated` is what each rank measured in its own slice, where virtual peers
 answered as fast as the graph allowed: the paper's ablation without inter-slice calibration.
-Where a slice has a loaded run, its compute spans come from that run, and collectives whose
-members were timed in different slices have their members' noise pooled (`durations`).
+Where a slice has a loaded run, its compute spans come from that run; collectives whose
+members were timed in different slices have their members' noise pooled, loaded runs or not
+(`durations`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ timing pass's Dask slots leave free).
 
 Placement is per launch and process-wide: concurrent launches (Dask's slices) never share a
 rank core. A launch that does not fit runs unbound, and says so in its `placement.json`.
-`job.cpu_binding: none` turns binding off.
+`job.cpu_binding: none` turns binding off. A launch may also ask for cores for a neighbour
+load (launch/neighbour_load.py): it gets them only while no other launch is placed, and holds
+them, so that the load never runs beside another launch's ranks or assistant.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ ENV_CPUS = "PRISM_CPUS"
 
 _lock = threading.Lock()
 _held: set[int] = set()
+_placed = 0          # launches placed and not yet released
 
 
 def machine_cores() -> list[int]:
@@ -38,19 +41,27 @@ class Placement:
     """Cores of one launch: rank -> its core; the helper's (the assistant's) cores."""
     ranks: dict[int, int]
     helper: list[int] = field(default_factory=list)
+    loads: list[int] = field(default_factory=list)     # helper cores that also get a neighbour load
+    placed: bool = True                                 # counted among the launches placed
 
     def release(self) -> None:
+        global _placed
         with _lock:
+            if self.placed:
+                _placed -= 1
             _held.difference_update(self.ranks.values())
-        self.ranks = {}
+            _held.difference_update(self.loads)
+        self.ranks, self.loads, self.placed = {}, [], False
 
     def describe(self) -> dict:
         return {"ranks": {str(r): c for r, c in sorted(self.ranks.items())}, "assistant": self.helper}
 
 
-def place(ranks: list[int], helper: bool) -> tuple[Placement | None, str]:
+def place(ranks: list[int], helper: bool, loads: int = 0) -> tuple[Placement | None, str]:
     """A core for each of `ranks` (and, with a helper, at least one other core for it), or None
-    and why not."""
+    and why not; with a helper, up to `loads` of its cores held for a neighbour load when no
+    other launch is placed (`Placement.loads`, empty otherwise)."""
+    global _placed
     cores = machine_cores()
     if not cores:
         return None, "this platform cannot bind a process to cores"
@@ -62,10 +73,12 @@ def place(ranks: list[int], helper: bool) -> tuple[Placement | None, str]:
             return None, (f"{len(ranks)} rank(s){' and the assistant' if helper else ''} need {need} cores; "
                           f"{len(free) + (1 if helper else 0)} of the machine's {len(cores)} are free")
         chosen = free[:len(ranks)]
+        rest = [c for c in cores if c not in _held and c not in chosen] if helper else []
+        loaded = rest[:loads] if _placed == 0 else []
         _held.update(chosen)
-        rest = [c for c in cores if c not in _held] if helper else []
-
-    return Placement(dict(zip(ranks, chosen)), rest), ""
+        _held.update(loaded)
+        _placed += 1
+    return Placement(dict(zip(ranks, chosen)), rest, loaded), ""
 
 
 def bind_from_env() -> None:

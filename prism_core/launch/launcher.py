@@ -57,7 +57,7 @@ class LaunchSpec:
     helper: list[str] | None = None  # argv of one more process in the job (the replay assistant)
     progress: Callable[[int], None] | None = None  # called with the steps every started rank has done
     bind_cores: bool = False  # each started rank on a core of its own, when they fit (launch/cores.py)
-    neighbour_load: bool = False  # bound, with a helper: compute on the helper's cores (launch/neighbour_load.py)
+    neighbour_load: bool = False  # bound, with a helper, alone: compute on the helper's cores (launch/neighbour_load.py)
 
     @property
     def started_ranks(self) -> list[int]:
@@ -203,7 +203,9 @@ class _Job:
         env: dict = {}
         doc: dict = {"bound": False, "reason": "job.cpu_binding is none"}
         if self.spec.bind_cores:
-            self.placement, why = place(self.spec.started_ranks, self.spec.helper is not None)
+            # as many loads as the job has ranks besides the launched ones, on the helper's cores
+            loads = self.spec.world_size - len(self.spec.started_ranks) if self.spec.neighbour_load else 0
+            self.placement, why = place(self.spec.started_ranks, self.spec.helper is not None, max(loads, 0))
             if self.placement is None:
                 doc = {"bound": False, "reason": why}
             else:
@@ -216,10 +218,21 @@ class _Job:
         return env
 
     def _load_cores(self) -> list[int]:
-        """The cores that get a neighbour load: the helper's, in a bound launch that asks for it."""
+        """The cores that get a neighbour load: those `place` held for it (a bound launch that asks
+        for it, placed while no other launch was)."""
         if not self.spec.neighbour_load or self.placement is None:
             return []
-        return list(self.placement.helper)
+        return list(self.placement.loads)
+
+    def note_loads(self) -> None:
+        """In `placement.json`, the cores whose load was still running at the end (a load that
+        could not take the idle class, or failed, ended early: its run was not loaded)."""
+        if not self.loads:
+            return
+        path = self.spec.run_dir / "placement.json"
+        doc = json.loads(path.read_text())
+        doc["neighbour_load_ran"] = [c for c, p in zip(self._load_cores(), self.loads) if p.poll() is None]
+        write_json_atomic(path, doc)
 
     def kill(self) -> None:
         if self.pgid is None or all(p.poll() is not None for p in self.procs):
@@ -425,6 +438,7 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
                                   f"{_flights(job)}")
             time.sleep(POLL_S)
         echo.pump()
+        job.note_loads()
         results = _results(spec.run_dir, started)
         for rank in started:
             if rank not in results:

@@ -14,6 +14,7 @@ from prism_core.launch.cores import ENV_CPUS, bind_from_env, place
 def four_cores(monkeypatch):
     monkeypatch.setattr(cores, "machine_cores", lambda: [0, 1, 2, 3])
     monkeypatch.setattr(cores, "_held", set())
+    monkeypatch.setattr(cores, "_placed", 0)
 
 
 def test_ranks_get_distinct_cores_and_concurrent_launches_never_share_one(four_cores):
@@ -35,6 +36,22 @@ def test_with_an_assistant_the_last_core_stays_free_for_it(four_cores):
     a.release()
     b, _ = place([5], helper=True)
     assert b.ranks == {5: 0} and b.helper == [1, 2, 3]    # every core no rank holds
+
+
+def test_load_cores_go_to_a_launch_placed_alone_and_are_held_from_later_ones(four_cores):
+    a, _ = place([0], helper=True, loads=2)
+    assert a.ranks == {0: 0} and a.helper == [1, 2, 3] and a.loads == [1, 2]
+    b, why = place([5], helper=True, loads=1)
+    assert b is None and "need 2 cores" in why        # no rank on a core under a load
+    a.release()
+    b, _ = place([5], helper=True, loads=1)
+    assert b.loads == [1]
+    c, _ = place([6], helper=True, loads=1)
+    assert c.ranks == {6: 2} and c.helper == [3] and c.loads == []   # another launch is placed: no load
+    b.release()
+    c.release()
+    d, _ = place([7], helper=True, loads=1)
+    assert d.loads == [1]
 
 
 def test_too_few_cores_leaves_the_launch_unbound(monkeypatch):

@@ -26,7 +26,7 @@ from prism_core.replay.slices import SLICE_DONE, plan_slices, run_slice
 from prism_core.trace.matching import match_ops
 from prism_core.trace.schema import COMM, COMPUTE, P2P_OPS, WAIT
 
-from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_nothing_left, make_job
+from tests.jobs import CRASH_IN_SLICE_SCRIPT, our_load, assert_nothing_left, make_job
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -66,7 +66,7 @@ def test_moe_pp2_slices_predict_every_rank_with_the_real_runs_memory(tmp_path):
 def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) -> None:
     """Compute nodes take their spans from the slice's run beside the neighbour load; waits and
     point-to-point ops theirs from the plain run (collectives are pooled across slices)."""
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if "prism_core.launch.neighbour_load" in (p.info["cmdline"] or [])]
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if our_load(p.info["cmdline"] or [])]
     assert not left, f"neighbour loads left running: {left}"
     if len(machine_cores()) < 2:     # no core for the assistant, so none for the load: no loaded runs
         assert "loaded_compute" not in document and all(j.loaded is None for j in jobs)
@@ -75,7 +75,8 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) ->
     match = match_ops(trace)
     model = np.load(timeline)
     for job in jobs:
-        assert json.loads((job.loaded / "placement.json").read_text())["neighbour_load"]
+        placement = json.loads((job.loaded / "placement.json").read_text())
+        assert placement["neighbour_load"] == placement["neighbour_load_ran"] == [machine_cores()[-1]]
         assert not json.loads((job.directory / "placement.json").read_text()).get("neighbour_load")
         plain = slice_timings(trace, match, job.directory, job.sandbox)
         loaded = slice_timings(trace, match, job.loaded, job.sandbox)
