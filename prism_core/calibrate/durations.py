@@ -209,12 +209,12 @@ def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: di
     members' own times. A blocking op's span (its transfer plus what followed it) moves with
     its transfer.
     """
-    runs = {r: t.run for r, t in timings.items()}
-    names = sorted(set(runs.values()))
-    if len(names) < 2 or match.n_ops == 0:
+    index = {name: k for k, name in enumerate(sorted({t.run for t in timings.values()}))}
+    if len(index) < 2 or match.n_ops == 0:
         return model
     rank_of = np.repeat(np.arange(bare.world_size), np.diff(bare.offsets))
-    run_of_rank = np.array([names.index(runs[int(source[r])]) for r in range(bare.world_size)])
+    run_of_timed = {r: index[t.run] for r, t in timings.items()}
+    run_of_rank = np.array([run_of_timed[int(source[r])] for r in range(bare.world_size)])
     order, starts = match.order, match.bounds[:-1]
     op_of = np.repeat(np.arange(match.n_ops), match.members)
     run = run_of_rank[rank_of[order]]

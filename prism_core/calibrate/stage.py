@@ -111,8 +111,9 @@ def finish_passes(out_dir: Path, documents: list[dict]) -> dict:
 
 def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path) -> dict:
     """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`."""
+    loaded = [j.loaded for j in jobs]
     prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source,
-                         loaded=[j.loaded for j in jobs] if loaded_runs(cfg) else None)
+                         loaded=loaded if any(loaded) else None)
     document = prediction_metrics(cfg, prediction)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
