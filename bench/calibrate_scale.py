@@ -4,9 +4,11 @@ rules and DP dedup, expanded to every rank) calibrated with a synthetic slice ti
 Every timed rank (one DP replica) gets node times drawn from fixed distributions (compute
 1-2 ms, transfers 0.05-0.15 ms) and the other replicas take them by renaming, as slices would
 give them; the timed ranks fall into slices of two, and collectives whose members come from
-different slices are pooled as `prism calibrate` pools them (`durations.pool_member_noise`).
-Printed: nodes, the time to expand and match the graph, the pooling's time, the calibration's
-rounds and wall time on the DP-symmetric quotient (what `prism calibrate` runs), and — unless
+different slices are pooled as `prism calibrate` pools them (`durations.pool_member_noise`), and
+the replicas take the timed ranks' measured steps in up to `REPLICA_ORDERS` orders
+(`durations.replica_noise`). Printed: nodes, the time to expand and match the graph, the time
+of pooling and replica orders, the calibration's rounds and wall time on the quotient over the
+replicas of distinct orders (what `prism calibrate` runs), and — unless
 --no-full — the general solver over all W ranks for comparison, with the largest difference
 between them (pooled, the model must stay symmetric under the DP renaming for them to agree).
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.calibrate.durations import RankTiming, pool_member_noise
+from prism_core.calibrate.durations import REPLICA_ORDERS, RankTiming, pool_member_noise, replica_noise
 from prism_core.calibrate.timeline import OP_RELEASE, WAIT_RELEASE, NodeModel, solve
 from prism_core.collect import collect_rules
 from prism_core.config import load_config
@@ -66,7 +68,7 @@ def main() -> None:
     parser.add_argument("--no-full", action="store_true", help="skip the general solver over all ranks")
     args = parser.parse_args()
     world = 4 * 8 * args.dp
-    cfg = load_config(CONFIG, [f"job.world_size={world}", f"parallel.dp={args.dp}", "job.iterations=2",
+    cfg = load_config(CONFIG, [f"job.world_size={world}", f"parallel.dp={args.dp}", "job.iterations=3",
                                "job.warmup=1", f"name=moe_w{world}"])
     with tempfile.TemporaryDirectory(prefix="prism-calscale-") as tmp:
         t0 = time.perf_counter()
@@ -81,16 +83,20 @@ def main() -> None:
     model = pool_member_noise(trace, match, model, slice_runs(plan.timed), plan.source)
     t_pool = time.perf_counter() - t0
     t0 = time.perf_counter()
-    end_q, _, rounds_q = solve(model, match, trace.offsets, source=plan.source)
+    model, shares = replica_noise(trace, model, plan.source, cfg.job.warmup)
+    t_orders = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    end_q, _, rounds_q = solve(model, match, trace.offsets, source=shares)
     t_quotient = time.perf_counter() - t0
-    rows = [("DP-symmetric quotient", len(plan.timed), rounds_q, t_quotient, "")]
+    rows = [(f"quotient ({REPLICA_ORDERS} orders)", len(np.unique(shares)), rounds_q, t_quotient, "")]
     if not args.no_full:
         t0 = time.perf_counter()
         end, _, rounds = solve(model, match, trace.offsets)
         rows.append(("general (all ranks)", world, rounds, time.perf_counter() - t0,
                      f"max |diff| {np.abs(end - end_q).max():.2e} s"))
     print(f"\nW={world}: {int(trace.offsets[-1]):,} nodes, {match.n_ops:,} ops; collect (rules, DP dedup, "
-          f"expansion) {t_collect:.1f} s; matching + model {t_prep:.1f} s; pooling {t_pool:.2f} s")
+          f"expansion) {t_collect:.1f} s; matching + model {t_prep:.1f} s; pooling {t_pool:.2f} s; replica "
+          f"orders {t_orders:.2f} s")
     print(f"{'solver':<24} {'ranks solved':>12} {'rounds':>7} {'wall (s)':>9}")
     for name, ranks, rounds, wall, note in rows:
         print(f"{name:<24} {ranks:>12} {rounds:>7} {wall:9.2f}  {note}")

@@ -17,7 +17,8 @@ their spans from it and everything else from the plain run, whose assistant had 
 Collectives whose members were timed in different runs give every member the members' mean
 transfer (`pool_member_noise`).
 
-Ranks not timed themselves (other DP replicas) take the model of the rank they are renamed from.
+Ranks not timed themselves (other DP replicas) take the model of the rank they are renamed from,
+their steps' compute in another order (`replica_noise`).
 """
 
 from __future__ import annotations
@@ -237,6 +238,59 @@ def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: di
     blocking = model.release[nodes] == OP_RELEASE      # its span is the transfer plus what followed it
     span[nodes[blocking]] = np.maximum(span[nodes[blocking]] + (new - old)[blocking], 0.0)
     return replace(model, transfer=transfer, span=span)
+
+
+# replicas of a timed rank get at most this many different orders of its steps (the quotient
+# solver then solves this many copies of the timed ranks, not one)
+REPLICA_ORDERS = 4
+
+
+def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step: int) -> tuple[NodeModel, np.ndarray]:
+    """DP replicas that take a timed rank's durations, each with its steps' compute in another order.
+
+    Replicas of one rank run the same nodes, but each computes with noise of its own (the
+    machine's, and in the full job each its own data), and every collective among them waits
+    for the slowest: copies of one timed rank never wait for each other, while real replicas do
+    (dp2: 0.8-1.2 ms a step, 1% of it, in `prism record`). Replica j of a rank takes the compute
+    spans of the timed rank's step k - j mod n over its n measured steps (from `first_step`, the
+    steps with the most common number of compute nodes): the same spans, the same mean, drawn at
+    other steps. Replicas j and j + REPLICA_ORDERS take the same order.
+
+    Returns the model and, per rank, the rank whose timeline it shares (the first replica with its
+    order), for the quotient solver (`timeline.solve`).
+    """
+    world = bare.world_size
+    source = np.asarray(source, dtype=np.int64)
+    shares = np.arange(world)
+    order = np.zeros(world, dtype=np.int64)
+    for s in np.unique(source):
+        copies = sorted(np.nonzero(source == s)[0].tolist(), key=lambda r: (r != s, r))
+        for j, r in enumerate(copies):
+            order[r] = j % REPLICA_ORDERS
+            shares[r] = copies[order[r]]
+    span = model.span.copy()
+    for r in np.nonzero(order > 0)[0]:
+        steps = _steady_compute(bare, int(r), first_step)
+        if steps is not None:
+            nodes = steps + bare.offsets[r]
+            span[nodes] = np.roll(span[nodes], int(order[r]), axis=0)
+    for r in np.nonzero(shares != np.arange(world))[0]:    # the rest copy the first replica of their order
+        span[bare.rank_slice(int(r))] = span[bare.rank_slice(int(shares[r]))]
+    return replace(model, span=span), shares
+
+
+def _steady_compute(bare: Trace, rank: int, first_step: int) -> np.ndarray | None:
+    """Compute nodes of the rank's steps from `first_step` that have the most common number of them,
+    as [step, position] (local node indices); None with fewer than two such steps."""
+    cols = bare.rank(rank)
+    step, compute = cols["step"], cols["kind"] == COMPUTE
+    by_step = [np.nonzero(compute & (step == k))[0] for k in range(first_step, int(step.max(initial=-1)) + 1)]
+    counts = [len(v) for v in by_step if len(v)]
+    if not counts:
+        return None
+    common = max(set(counts), key=counts.count)
+    rows = [v for v in by_step if len(v) == common]
+    return np.stack(rows) if len(rows) > 1 else None
 
 
 def step_ends(bare: Trace, end: np.ndarray, rank: int) -> list[float]:

@@ -6,8 +6,9 @@ keeps outside its iterations (time between an optimizer step and the next `itera
 Next to it, `uncalibrated` is what each rank measured in its own slice, where virtual peers
 answered as fast as the graph allowed: the paper's ablation without inter-slice calibration.
 Where a slice has a loaded run, its compute spans come from that run; collectives whose
-members were timed in different slices have their members' noise pooled, loaded runs or not
-(`durations`).
+members were timed in different slices have their members' noise pooled, loaded runs or not;
+DP replicas that take a timed rank's durations take its steps' compute in other orders, so that
+their collectives wait for the slowest as real replicas do (`durations`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.calibrate.durations import (RankTiming, load_ran, merge_model, pool_member_noise, slice_timings,
-                                            step_ends, with_loaded_compute)
+from prism_core.calibrate.durations import (RankTiming, load_ran, merge_model, pool_member_noise, replica_noise,
+                                            slice_timings, step_ends, with_loaded_compute)
 from prism_core.calibrate.timeline import NodeModel, solve
 from prism_core.config import PrismConfig
 from prism_core.metrics import metrics_document, rank_metrics
@@ -41,9 +42,10 @@ class Prediction:
 
 
 def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray,
-            loaded: list[Path | None] | None = None) -> Prediction:
+            loaded: list[Path | None] | None = None, warmup: int = 0) -> Prediction:
     """`loaded[i]`: slice i run beside the neighbour load (None, or a run the load did not run in: its
-    compute spans are the plain run's)."""
+    compute spans are the plain run's). `warmup`: steps before it are not reordered among DP
+    replicas (`durations.replica_noise`)."""
     match = match_ops(bare)
     timings: dict[int, RankTiming] = {}
     used, plain_compute, loaded_compute = 0, 0.0, 0.0
@@ -58,7 +60,8 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
         timings.update(plain)
     model = merge_model(bare, timings, source)
     model = pool_member_noise(bare, match, model, timings, source)
-    end, start, rounds = solve(model, match, bare.offsets, source=source)
+    model, shares = replica_noise(bare, model, source, warmup)
+    end, start, rounds = solve(model, match, bare.offsets, source=shares)
     step_times, uncalibrated, peaks = {}, {}, {}
     for r in range(bare.world_size):
         t = timings[int(source[r])]

@@ -113,7 +113,7 @@ def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: lis
     """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`."""
     loaded = [j.loaded for j in jobs]
     prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source,
-                         loaded=loaded if any(loaded) else None)
+                         loaded=loaded if any(loaded) else None, warmup=cfg.job.warmup)
     document = prediction_metrics(cfg, prediction)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,10 @@ import json
 import numpy as np
 import pytest
 
-from prism_core.calibrate.durations import RankTiming, _rank_timing, pool_member_noise
+from prism_core.calibrate.durations import REPLICA_ORDERS, RankTiming, _rank_timing, pool_member_noise, replica_noise
 from prism_core.calibrate.timeline import solve
 from prism_core.trace.matching import match_ops
-from prism_core.trace.schema import COMM
+from prism_core.trace.schema import COMM, COMPUTE
 
 from tests.calibrate.test_timeline import allreduce, build, compute, recv, send, wait
 
@@ -102,3 +102,43 @@ def test_point_to_point_and_unequal_sizes_keep_their_own_times():
                              transfer=model.transfer[trace.rank_slice(r)], step_times=[], gaps=[], peaks=[],
                              run=f"slice_{r}") for r in range(2)}
     assert np.array_equal(pool_member_noise(trace, match, model, timings, np.arange(2)).transfer, model.transfer)
+
+
+# ---------------------------------------------------------------- DP replicas of one timed rank
+
+def _replicas(copies: int, spans: list[float]):
+    """`copies` DP replicas of rank 0, which computed `spans[k]` in step k then all-reduced over all."""
+    ranks = [[node for k, t in enumerate(spans) for node in (dict(compute(t), step=k), dict(allreduce(0, k, 0.01), step=k))]
+             for _ in range(copies)]
+    return build(ranks, [tuple(range(copies))])
+
+
+def test_replicas_compute_the_timed_ranks_steps_in_other_orders_and_wait_for_the_slowest():
+    copies, spans = REPLICA_ORDERS + 1, [1.0, 0.1, 0.3, 0.2, 0.4]
+    trace, model = _replicas(copies, spans)
+    source = np.zeros(copies, dtype=np.int64)
+    noisy, shares = replica_noise(trace, model, source, first_step=1)
+    compute_of = lambda m, r: m.span[trace.rank_slice(r)][trace.rank(r)["kind"] == COMPUTE].tolist()
+    assert compute_of(noisy, 0) == spans                                   # the timed rank itself: as measured
+    assert compute_of(noisy, 1) == [1.0, 0.4, 0.1, 0.3, 0.2]               # steps from 1 rolled by one
+    assert compute_of(noisy, 2) == [1.0, 0.2, 0.4, 0.1, 0.3]
+    assert shares.tolist() == [0, 1, 2, 3, 0]                              # the fifth repeats the first order
+    assert compute_of(noisy, REPLICA_ORDERS) == spans
+    for r in range(copies):
+        assert sum(compute_of(noisy, r)) == pytest.approx(sum(spans))
+    match = match_ops(trace)
+    end, _, _ = solve(noisy, match, trace.offsets)
+    quotient, _, _ = solve(noisy, match, trace.offsets, source=shares)
+    assert quotient == pytest.approx(end)                                 # the quotient solver stays exact
+    step_end = end[trace.rank_slice(0)][1::2]
+    # every step waits for the slowest replica: here each step has a replica computing 0.4
+    assert np.diff(step_end) == pytest.approx([0.41, 0.41, 0.41, 0.41])
+    same, _, _ = solve(model, match, trace.offsets)
+    assert np.diff(same[trace.rank_slice(0)][1::2]) == pytest.approx([0.11, 0.31, 0.21, 0.41])   # copies never wait
+
+
+def test_ranks_timed_themselves_keep_their_spans():
+    trace, model = _replicas(3, [0.1, 0.3, 0.2])
+    noisy, shares = replica_noise(trace, model, np.arange(3), first_step=0)
+    assert np.array_equal(noisy.span, model.span)
+    assert shares.tolist() == [0, 1, 2]
