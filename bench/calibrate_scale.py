@@ -5,8 +5,8 @@ Every timed rank (one DP replica) gets node times drawn from fixed distributions
 1-2 ms, transfers 0.05-0.15 ms) and the other replicas take them by renaming, as slices would
 give them; the timed ranks fall into slices of two, and collectives whose members come from
 different slices are pooled as `prism calibrate` pools them (`durations.pool_member_noise`), and
-the replicas take the timed ranks' measured steps in up to `REPLICA_ORDERS` orders
-(`durations.replica_noise`). Printed: nodes, the time to expand and match the graph, the time
+the replicas take the timed ranks' measured steps in up to four orders
+(`durations.replica_noise`, `replica_orders`). Printed: nodes, the time to expand and match the graph, the time
 of pooling and replica orders, the calibration's rounds and wall time on the quotient over the
 replicas of distinct orders (what `prism calibrate` runs), and — unless
 --no-full — the general solver over all W ranks for comparison, with the largest difference
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.calibrate.durations import REPLICA_ORDERS, RankTiming, pool_member_noise, replica_noise
+from prism_core.calibrate.durations import RankTiming, pool_member_noise, replica_noise, replica_orders
 from prism_core.calibrate.timeline import OP_RELEASE, WAIT_RELEASE, NodeModel, solve
 from prism_core.collect import collect_rules
 from prism_core.config import load_config
@@ -83,12 +83,13 @@ def main() -> None:
     model = pool_member_noise(trace, match, model, slice_runs(plan.timed), plan.source)
     t_pool = time.perf_counter() - t0
     t0 = time.perf_counter()
-    model, shares = replica_noise(trace, model, plan.source, cfg.job.warmup)
+    orders = replica_orders(args.dp, cfg.parallel.ep)
+    model, shares = replica_noise(trace, model, plan.source, cfg.job.warmup, orders)
     t_orders = time.perf_counter() - t0
     t0 = time.perf_counter()
     end_q, _, rounds_q = solve(model, match, trace.offsets, source=shares)
     t_quotient = time.perf_counter() - t0
-    rows = [(f"quotient ({REPLICA_ORDERS} orders)", len(np.unique(shares)), rounds_q, t_quotient, "")]
+    rows = [(f"quotient ({orders} orders)", len(np.unique(shares)), rounds_q, t_quotient, "")]
     if not args.no_full:
         t0 = time.perf_counter()
         end, _, rounds = solve(model, match, trace.offsets)

@@ -245,7 +245,23 @@ def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: di
 REPLICA_ORDERS = 4
 
 
-def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step: int) -> tuple[NodeModel, np.ndarray]:
+def replica_orders(dp: int, ep: int = 1) -> int:
+    """How many orders replicas can take with the quotient solver staying exact: replica d takes
+    order d mod n and shares the timeline of replica d mod n, so every group among replicas must
+    hold the same orders as the corresponding group of the replica it shares: its expert-parallel
+    group (ep consecutive replicas) and its expert-data-parallel group (every ep-th). The largest
+    such n <= REPLICA_ORDERS (ep=1: 4; ep=3, dp=6: 3; ep=8, dp=32: 4)."""
+    for n in range(min(REPLICA_ORDERS, max(dp, 1)), 1, -1):
+        ep_orders = [frozenset(d % n for d in range(g, g + ep)) for g in range(0, dp, ep)]
+        edp_orders = [frozenset(d % n for d in range(i, dp, ep)) for i in range(ep)]
+        if all(ep_orders[d // ep] == ep_orders[(d % n) // ep] and edp_orders[d % ep] == edp_orders[(d % n) % ep]
+               for d in range(dp)):
+            return n
+    return 1
+
+
+def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step: int,
+                  orders: int = REPLICA_ORDERS) -> tuple[NodeModel, np.ndarray]:
     """DP replicas that take a timed rank's durations, each with its steps' compute in another order.
 
     Replicas of one rank run the same nodes, but each computes with noise of its own (the
@@ -253,8 +269,8 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     for the slowest: copies of one timed rank never wait for each other, while real replicas do
     (dp2: 0.8-1.2 ms a step, 1% of it, in `prism record`). Replica j of a rank takes the compute
     spans of the timed rank's step k - j mod n over its n measured steps (from `first_step`, the
-    steps with the most common number of compute nodes): the same spans, the same mean, drawn at
-    other steps. Replicas j and j + REPLICA_ORDERS take the same order.
+    steps with the most common sequence of compute nodes): the same spans, the same mean, drawn
+    at other steps. Replicas j and j + `orders` take the same order (`replica_orders`).
 
     Returns the model and, per rank, the rank whose timeline it shares (the first replica with its
     order), for the quotient solver (`timeline.solve`).
@@ -263,13 +279,16 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     source = np.asarray(source, dtype=np.int64)
     shares = np.arange(world)
     order = np.zeros(world, dtype=np.int64)
-    for s in np.unique(source):
-        copies = sorted(np.nonzero(source == s)[0].tolist(), key=lambda r: (r != s, r))
+    by_source = np.argsort(source, kind="stable")
+    bounds = np.flatnonzero(np.diff(source[by_source])) + 1
+    for copies in np.split(by_source, bounds):
+        s = int(source[copies[0]])
+        copies = sorted(copies.tolist(), key=lambda r: (r != s, r))   # replica index: rank order
         for j, r in enumerate(copies):
-            order[r] = j % REPLICA_ORDERS
+            order[r] = j % max(orders, 1)
             shares[r] = copies[order[r]]
     span = model.span.copy()
-    for r in np.nonzero(order > 0)[0]:
+    for r in np.nonzero((order > 0) & (shares == np.arange(world)))[0]:   # one replica per order
         steps = _steady_compute(bare, int(r), first_step)
         if steps is not None:
             nodes = steps + bare.offsets[r]
@@ -280,16 +299,18 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
 
 
 def _steady_compute(bare: Trace, rank: int, first_step: int) -> np.ndarray | None:
-    """Compute nodes of the rank's steps from `first_step` that have the most common number of them,
-    as [step, position] (local node indices); None with fewer than two such steps."""
+    """Compute nodes of the rank's steps from `first_step` that run the most common sequence of
+    them (same ops and labels), as [step, position] (local node indices); None with fewer than
+    two such steps."""
     cols = bare.rank(rank)
     step, compute = cols["step"], cols["kind"] == COMPUTE
     by_step = [np.nonzero(compute & (step == k))[0] for k in range(first_step, int(step.max(initial=-1)) + 1)]
-    counts = [len(v) for v in by_step if len(v)]
-    if not counts:
+    keys = [(cols["op"][v].tobytes(), cols["label"][v].tobytes()) for v in by_step]
+    kept = [k for k, v in zip(keys, by_step) if len(v)]
+    if not kept:
         return None
-    common = max(set(counts), key=counts.count)
-    rows = [v for v in by_step if len(v) == common]
+    common = max(set(kept), key=kept.count)
+    rows = [v for k, v in zip(keys, by_step) if len(v) and k == common]
     return np.stack(rows) if len(rows) > 1 else None
 
 

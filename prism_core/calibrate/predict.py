@@ -42,10 +42,10 @@ class Prediction:
 
 
 def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray,
-            loaded: list[Path | None] | None = None, warmup: int = 0) -> Prediction:
+            loaded: list[Path | None] | None = None, warmup: int = 0, orders: int = 1) -> Prediction:
     """`loaded[i]`: slice i run beside the neighbour load (None, or a run the load did not run in: its
-    compute spans are the plain run's). `warmup`: steps before it are not reordered among DP
-    replicas (`durations.replica_noise`)."""
+    compute spans are the plain run's). DP replicas renamed from one timed rank take its steps
+    from `warmup` on in up to `orders` orders (`durations.replica_noise`, `replica_orders`)."""
     match = match_ops(bare)
     timings: dict[int, RankTiming] = {}
     used, plain_compute, loaded_compute = 0, 0.0, 0.0
@@ -60,7 +60,7 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
         timings.update(plain)
     model = merge_model(bare, timings, source)
     model = pool_member_noise(bare, match, model, timings, source)
-    model, shares = replica_noise(bare, model, source, warmup)
+    model, shares = replica_noise(bare, model, source, warmup, orders)
     end, start, rounds = solve(model, match, bare.offsets, source=shares)
     step_times, uncalibrated, peaks = {}, {}, {}
     for r in range(bare.world_size):

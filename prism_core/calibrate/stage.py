@@ -15,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from prism_core.calibrate.durations import replica_orders
 from prism_core.calibrate.predict import predict, prediction_metrics
 from prism_core.config import PrismConfig
 from prism_core.launch.cores import machine_cores
 from prism_core.metrics import write_metrics
 from prism_core.replay.slices import TimingPlan, plan_slices, run_slice, slice_key
+from prism_core.topology import Topology
 from prism_core.trace import Trace
 
 
@@ -112,8 +114,12 @@ def finish_passes(out_dir: Path, documents: list[dict]) -> dict:
 def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path) -> dict:
     """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`."""
     loaded = [j.loaded for j in jobs]
+    orders = 1
+    if not np.array_equal(plan.source, np.arange(trace.world_size)):    # DP replicas renamed
+        topo = Topology.from_config(cfg)
+        orders = replica_orders(topo.dp, topo.ep)
     prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source,
-                         loaded=loaded if any(loaded) else None, warmup=cfg.job.warmup)
+                         loaded=loaded if any(loaded) else None, warmup=cfg.job.warmup, orders=orders)
     document = prediction_metrics(cfg, prediction)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from prism_core.calibrate.durations import REPLICA_ORDERS, RankTiming, _rank_timing, pool_member_noise, replica_noise
+from prism_core.calibrate.durations import (REPLICA_ORDERS, RankTiming, _rank_timing, pool_member_noise,
+                                            replica_noise, replica_orders)
 from prism_core.calibrate.timeline import solve
 from prism_core.trace.matching import match_ops
 from prism_core.trace.schema import COMM, COMPUTE
@@ -117,7 +118,7 @@ def test_replicas_compute_the_timed_ranks_steps_in_other_orders_and_wait_for_the
     copies, spans = REPLICA_ORDERS + 1, [1.0, 0.1, 0.3, 0.2, 0.4]
     trace, model = _replicas(copies, spans)
     source = np.zeros(copies, dtype=np.int64)
-    noisy, shares = replica_noise(trace, model, source, first_step=1)
+    noisy, shares = replica_noise(trace, model, source, first_step=1, orders=replica_orders(copies))
     compute_of = lambda m, r: m.span[trace.rank_slice(r)][trace.rank(r)["kind"] == COMPUTE].tolist()
     assert compute_of(noisy, 0) == spans                                   # the timed rank itself: as measured
     assert compute_of(noisy, 1) == [1.0, 0.4, 0.1, 0.3, 0.2]               # steps from 1 rolled by one
@@ -142,3 +143,46 @@ def test_ranks_timed_themselves_keep_their_spans():
     noisy, shares = replica_noise(trace, model, np.arange(3), first_step=0)
     assert np.array_equal(noisy.span, model.span)
     assert shares.tolist() == [0, 1, 2]
+
+
+def _expert_layout(dp: int, ep: int, spans: list[float]):
+    """dp replicas of rank 0 (tp = pp = 1) whose steps all-reduce over their expert-parallel group
+    (ep consecutive replicas), then over their expert-data-parallel group (every ep-th)."""
+    ep_groups = [tuple(range(g, g + ep)) for g in range(0, dp, ep)]
+    edp_groups = [tuple(range(i, dp, ep)) for i in range(ep)]
+    ranks = []
+    for d in range(dp):
+        g_ep, g_edp = d // ep, len(ep_groups) + d % ep
+        ranks.append([node for k, t in enumerate(spans)
+                      for node in (dict(compute(t * (1 + 0.1 * (d % 2))), step=k),
+                                   dict(allreduce(g_ep, k, 0.01), step=k), dict(allreduce(g_edp, k, 0.02), step=k))])
+    return build(ranks, ep_groups + edp_groups)
+
+
+@pytest.mark.parametrize("dp,ep,orders", [(6, 3, 3), (12, 3, 3), (8, 2, 4), (8, 4, 4), (32, 8, 4), (2, 1, 2), (5, 1, 4), (10, 5, 2), (7, 7, 4)])
+def test_replica_orders_keep_the_quotient_exact_across_expert_groups(dp, ep, orders):
+    assert replica_orders(dp, ep) == orders
+    trace, model = _expert_layout(dp, ep, [1.0, 0.1, 0.5, 0.2, 0.4, 0.3])
+    noisy, shares = replica_noise(trace, model, np.zeros(dp, dtype=np.int64), first_step=1, orders=orders)
+    assert len(np.unique(shares)) == min(orders, dp)
+    match = match_ops(trace)
+    end, _, _ = solve(noisy, match, trace.offsets)
+    quotient, _, _ = solve(noisy, match, trace.offsets, source=shares)
+    assert quotient == pytest.approx(end, abs=1e-12)
+
+
+def test_four_orders_would_break_the_quotient_where_expert_groups_are_three_wide():
+    trace, model = _expert_layout(6, 3, [1.0, 0.1, 0.5, 0.2, 0.4, 0.3])
+    noisy, shares = replica_noise(trace, model, np.zeros(6, dtype=np.int64), first_step=1, orders=4)
+    match = match_ops(trace)
+    end, _, _ = solve(noisy, match, trace.offsets)
+    quotient, _, _ = solve(noisy, match, trace.offsets, source=shares)
+    assert np.abs(quotient - end).max() > 1e-3       # why replica_orders(6, 3) is 3
+
+
+def test_steps_running_other_nodes_are_not_reordered():
+    trace, model = _replicas(2, [1.0, 0.1, 0.3, 0.2])
+    trace.columns["label"][trace.offsets[1] + 4] = 1          # step 2 ran another kernel
+    noisy, _ = replica_noise(trace, model, np.zeros(2, dtype=np.int64), first_step=1)
+    compute_of = [noisy.span[trace.rank_slice(1)][trace.rank(1)["kind"] == COMPUTE].tolist()]
+    assert compute_of == [[1.0, 0.2, 0.3, 0.1]]               # steps 1 and 3 swapped, step 2 kept
