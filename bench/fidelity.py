@@ -7,7 +7,9 @@ rank, that rank real and the others replayed in calibrated time). A rank's itera
 the median of its measured steps; a run's figure is the mean over ranks. Printed per config:
 the real, predicted and emulated medians over pairs with their errors, a 90% interval of each
 error bootstrapped over the pairs (how far this machine's noise between runs moves it), and
-beside them the ablation without inter-slice calibration (each rank as timed in its own slice).
+beside them the ablation without inter-slice calibration (each rank as timed in its own slice),
+and the prediction with the real run's compute spans in place of the slices' (what of the error
+is communication and calibration, and what is compute measured in another run).
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
 
@@ -27,12 +29,16 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.calibrate import predict
-from prism_core.calibrate.stage import time_and_calibrate
+from prism_core.calibrate.durations import replica_orders, slice_timings, with_loaded_compute
+from prism_core.calibrate.predict import predict_from, timed_ranks
+from prism_core.calibrate.stage import slice_jobs, time_and_calibrate
 from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.emulate.stage import emulate
 from prism_core.record import RecordOptions, record
+from prism_core.topology import Topology
 from prism_core.trace import load_trace
+from prism_core.trace.matching import match_ops
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -64,6 +70,21 @@ def _span(interval: tuple[float, float]) -> str:
     return f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
 
 
+def _with_real_compute(cfg, graph, root: Path) -> float:
+    """The pair's prediction with every compute span taken from the pair's real run instead of the
+    slices: what is left of the error is the model of communication and synchronisation (the
+    slices' transfer times and the calibration); the rest of it was compute measured in another run."""
+    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
+    match = match_ops(graph.trace)
+    timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs], [j.loaded for j in jobs])
+    real = slice_timings(graph.trace, match, root / "record", list(range(cfg.job.world_size)))
+    timings = with_loaded_compute(graph.trace, timings, real)     # swaps in the real run's compute spans
+    topo = Topology.from_config(cfg)
+    orders = 1 if np.array_equal(plan.source, np.arange(cfg.job.world_size)) else replica_orders(topo.dp, topo.ep)
+    prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, orders)
+    return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="pp2,dp2,tp2,ep2")
@@ -82,7 +103,7 @@ def main() -> None:
                       "oversubscribed, so the comparison says little")
             root = Path(tmp) / cfg.name
             graph = collect(cfg, root / "collect")
-            real, pred, uncal, first, selfcheck, emul = [], [], [], [], [], []
+            real, pred, uncal, first, selfcheck, emul, oracle = [], [], [], [], [], [], []
             for i in range(args.pairs):
                 for what in (("real", "pred") if i % 2 == 0 else ("pred", "real")):
                     if what == "real":
@@ -106,23 +127,28 @@ def main() -> None:
                             update={"ranks_of_interest": [r]})}), graph.directory, root / "calibrate" / "timeline.npz",
                             root / "emulate")["ranks"][str(r)]["iteration_time_s"]
                         for r in range(cfg.job.world_size)))
+                oracle.append(_with_real_compute(cfg, graph, root) if args.passes == 1 else float("nan"))
                 print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real[-1]:.4f} s  predicted {pred[-1]:.4f} s "
-                      f"({_pct(pred[-1], real[-1])})  emulated {emul[-1]:.4f} s ({_pct(emul[-1], real[-1])})  one pass {first[-1]:.4f} s  uncalibrated {uncal[-1]:.4f} s",
-                      flush=True)
+                      f"({_pct(pred[-1], real[-1])})  emulated {emul[-1]:.4f} s ({_pct(emul[-1], real[-1])})  "
+                      f"with the real compute {oracle[-1]:.4f} s ({_pct(oracle[-1], real[-1])})  one pass {first[-1]:.4f} s  "
+                      f"uncalibrated {uncal[-1]:.4f} s", flush=True)
             r, p, u, f, e = (statistics.median(x) for x in (real, pred, uncal, first, emul))
             rows.append((cfg.name, r, p, e, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)]),
                          statistics.median([b / a - 1 for a, b in zip(real, selfcheck)]), (max(real) - min(real)) / r,
-                         _interval(real, pred), _interval(real, emul)))
+                         _interval(real, pred), _interval(real, emul),
+                         statistics.median([b / a - 1 for a, b in zip(real, oracle)])))
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
           f"pass(es), medians over {args.pairs} pairs; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'emulated (s)':>12} {'error':>8} {'90% interval':>15} "
-          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real spread':>11}")
-    for name, r, p, e, f, u, pw, sc, spread, ci_p, ci_e in rows:
+          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'real spread':>11}")
+    for name, r, p, e, f, u, pw, sc, spread, ci_p, ci_e, oc in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {e:12.4f} "
               f"{_pct(e, r):>8} {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
-              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * spread:10.2f}%")
+              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * spread:10.2f}%")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
+    print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
+          "median): the error of the slices' communication and of the calibration alone")
     print("90% interval: of the error, bootstrapped over the pairs (each resample draws whole pairs with "
           "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "

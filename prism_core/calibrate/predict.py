@@ -26,7 +26,7 @@ from prism_core.config import PrismConfig
 from prism_core.metrics import metrics_document, rank_metrics
 from prism_core.trace import Trace
 from prism_core.trace.schema import COMPUTE
-from prism_core.trace.matching import match_ops
+from prism_core.trace.matching import OpMatch, match_ops
 
 
 @dataclass
@@ -47,6 +47,14 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
     compute spans are the plain run's). DP replicas renamed from one timed rank take its steps
     from `warmup` on in up to `orders` orders (`durations.replica_noise`, `replica_orders`)."""
     match = match_ops(bare)
+    timings, load = timed_ranks(bare, match, slices, loaded)
+    return predict_from(bare, match, timings, source, warmup, orders, load)
+
+
+def timed_ranks(bare: Trace, match: OpMatch, slices: list[tuple[Path, list[int]]],
+                loaded: list[Path | None] | None = None) -> tuple[dict[int, RankTiming], dict | None]:
+    """What every timed rank measured in its slice, compute from the slice's loaded run where it
+    has one; and how many slices had one and how much longer their compute was."""
     timings: dict[int, RankTiming] = {}
     used, plain_compute, loaded_compute = 0, 0.0, 0.0
     for (directory, sandbox), load_dir in zip(slices, loaded or [None] * len(slices)):
@@ -58,6 +66,16 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
             loaded_compute += _compute_total(bare, plain)
             used += 1
         timings.update(plain)
+    load = None
+    if loaded is not None:
+        load = {"slices": used, "of": len(slices),
+                "compute_ratio": loaded_compute / plain_compute if plain_compute > 0 else None}
+    return timings, load
+
+
+def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], source: np.ndarray,
+                 warmup: int = 0, orders: int = 1, load: dict | None = None) -> Prediction:
+    """The calibrated prediction from the timed ranks' measurements (`timed_ranks`)."""
     model = merge_model(bare, timings, source)
     model = pool_member_noise(bare, match, model, timings, source)
     model, shares = replica_noise(bare, model, source, warmup, orders)
@@ -70,10 +88,6 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
         step_times[r] = times
         uncalibrated[r] = list(t.step_times)
         peaks[r] = list(t.peaks)
-    load = None
-    if loaded is not None:
-        load = {"slices": used, "of": len(slices),
-                "compute_ratio": loaded_compute / plain_compute if plain_compute > 0 else None}
     return Prediction(step_times, uncalibrated, peaks, end, start, rounds, model, load)
 
 
