@@ -71,9 +71,10 @@ def _span(interval: tuple[float, float]) -> str:
 
 
 def _with_real_compute(cfg, graph, root: Path) -> float:
-    """The pair's prediction with every compute span taken from the pair's real run instead of the
-    slices: what is left of the error is the model of communication and synchronisation (the
-    slices' transfer times and the calibration); the rest of it was compute measured in another run."""
+    """The pair's prediction with every timed rank's compute spans taken from the pair's real run
+    instead of its slice (ranks renamed from a timed rank take them, in other orders, as in the
+    calibration): what is left of the error is the model of communication and synchronisation
+    (the slices' transfer times and the calibration); the rest was compute measured in another run."""
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
     match = match_ops(graph.trace)
     timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs], [j.loaded for j in jobs])

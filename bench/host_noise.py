@@ -4,10 +4,12 @@ The fidelity figures (bench/fidelity.py) compare runs a minute apart; how far an
 the same program can differ on this machine bounds what they can show. One process per core
 (the first `--cores` this process may use, each bound to its core, as a W=2 job's ranks are)
 runs a fixed single-threaded torch MLP forward and backward for `--seconds` and counts the
-passes in every `--window`. Printed per core: the passes per window (median, 5th and 95th
-percentile), their coefficient of variation, the same for blocks of `--block` seconds (about
-one fidelity run's measured steps), and how alike the cores' windows move (correlation: near 1,
-the whole machine speeds up and slows down at once).
+passes in every `--window`, the windows of all cores starting at one agreed moment. Printed per
+core: the passes per window (median, 5th and 95th percentile) and their coefficient of
+variation; the coefficient of variation of the means of `--block`-second blocks (about one
+fidelity run's measured steps) and the slowest block's mean over the fastest's. Then the
+per-window correlation of the first two cores (near 1: the whole machine speeds up and slows
+down at once).
 
     .venv/bin/python bench/host_noise.py [--seconds 60] [--window 0.5] [--block 6] [--cores 2]
 """
@@ -23,6 +25,8 @@ import sys
 
 import numpy as np
 
+START_AFTER_S = 10.0    # every worker has imported torch and built its model by then, or fails
+
 _WORKER = """
 import json, os, sys, time, torch
 os.sched_setaffinity(0, {core})
@@ -31,8 +35,10 @@ torch.manual_seed(0)
 m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
 x = torch.randn(64, 256)
 start = float(sys.argv[1])
+if time.time() > start:
+    sys.exit("started late: ready %.2f s after the agreed start" % (time.time() - start))
 while time.time() < start:
-    time.sleep(0.01)
+    time.sleep(0.001)
 counts, edge = [], time.monotonic()
 for _ in range({windows}):
     edge += {window}
@@ -55,7 +61,7 @@ def measure(cores: list[int], seconds: float, window: float) -> dict[int, np.nda
     import time
 
     windows = int(seconds / window)
-    start = time.time() + 3.0        # every worker has imported torch before the first window
+    start = time.time() + START_AFTER_S
     procs = {}
     try:
         for core in cores:
@@ -64,9 +70,9 @@ def measure(cores: list[int], seconds: float, window: float) -> dict[int, np.nda
                                            text=True, start_new_session=True)
         out = {}
         for core, proc in procs.items():
-            stdout, _ = proc.communicate(timeout=seconds + 60)
+            stdout, _ = proc.communicate(timeout=START_AFTER_S + seconds + 60)
             if proc.returncode != 0:
-                raise RuntimeError(f"worker on core {core} exited with {proc.returncode}")
+                raise RuntimeError(f"worker on core {core} exited with {proc.returncode} (its error is above)")
             out[core] = np.asarray(json.loads(stdout), dtype=float)
         return out
     finally:
@@ -83,6 +89,8 @@ def main() -> None:
     parser.add_argument("--block", type=float, default=6.0, help="seconds per block (about one run's measured steps)")
     parser.add_argument("--cores", type=int, default=2)
     args = parser.parse_args()
+    if not 0 < args.window <= args.block <= args.seconds:
+        parser.error("need 0 < --window <= --block <= --seconds")
     cores = sorted(os.sched_getaffinity(0))[:args.cores]
     counts = measure(cores, args.seconds, args.window)
     per_block = max(int(args.block / args.window), 1)
