@@ -24,8 +24,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/prism run configs/demo.yaml
 
+# the fast path (the tests marked slow left out); the slowest tests listed, to keep its time in check
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q --durations=15
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
