@@ -29,14 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.calibrate import predict
-from prism_core.calibrate.durations import replica_orders, slice_timings, with_loaded_compute
+from prism_core.calibrate.durations import slice_timings, with_loaded_compute
 from prism_core.calibrate.predict import predict_from, timed_ranks
-from prism_core.calibrate.stage import slice_jobs, time_and_calibrate
+from prism_core.calibrate.stage import plan_orders, slice_jobs, time_and_calibrate
 from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.emulate.stage import emulate
 from prism_core.record import RecordOptions, record
-from prism_core.topology import Topology
 from prism_core.trace import load_trace
 from prism_core.trace.matching import match_ops
 
@@ -80,9 +79,7 @@ def _with_real_compute(cfg, graph, root: Path) -> float:
     timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs], [j.loaded for j in jobs])
     real = slice_timings(graph.trace, match, root / "record", list(range(cfg.job.world_size)))
     timings = with_loaded_compute(graph.trace, timings, real)     # swaps in the real run's compute spans
-    topo = Topology.from_config(cfg)
-    orders = 1 if np.array_equal(plan.source, np.arange(cfg.job.world_size)) else replica_orders(topo.dp, topo.ep)
-    prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, orders)
+    prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, plan_orders(cfg, plan))
     return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())
 
 

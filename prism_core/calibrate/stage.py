@@ -111,15 +111,20 @@ def finish_passes(out_dir: Path, documents: list[dict]) -> dict:
     return document
 
 
+def plan_orders(cfg: PrismConfig, plan: TimingPlan) -> int:
+    """How many orders the DP replicas the plan renames take (`durations.replica_orders`; 1 where
+    every rank is timed itself)."""
+    if np.array_equal(plan.source, np.arange(len(plan.source))):
+        return 1
+    topo = Topology.from_config(cfg)
+    return replica_orders(topo.dp, topo.ep)
+
+
 def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path) -> dict:
     """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`."""
     loaded = [j.loaded for j in jobs]
-    orders = 1
-    if not np.array_equal(plan.source, np.arange(trace.world_size)):    # DP replicas renamed
-        topo = Topology.from_config(cfg)
-        orders = replica_orders(topo.dp, topo.ep)
     prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source,
-                         loaded=loaded if any(loaded) else None, warmup=cfg.job.warmup, orders=orders)
+                         loaded=loaded if any(loaded) else None, warmup=cfg.job.warmup, orders=plan_orders(cfg, plan))
     document = prediction_metrics(cfg, prediction)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
