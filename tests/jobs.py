@@ -30,12 +30,18 @@ import torch.distributed as dist
 
 
 def make_job(tmp_path: Path, body: str, *, name: str = "job", iterations: int = 2, warmup: int = 1,
-         **job: object) -> tuple[Path, Path]:
-    """Write script `<name>.py` and config `<name>.yaml` under tmp_path; return (config, script)."""
+             loaded_compute: bool = False, **job: object) -> tuple[Path, Path]:
+    """Write script `<name>.py` and config `<name>.yaml` under tmp_path; return (config, script).
+
+    The slices of these jobs run without their loaded second run (`emulation.loaded_compute`),
+    which would double every slice's time in `make test`, unless a test asks for it; the loaded
+    runs are checked in tests/replay/test_slices.py and tests/flows/test_calibrate_flow.py.
+    """
     script = tmp_path / f"{name}.py"
     script.write_text(PREAMBLE.format(pids=str(tmp_path / "pids")) + textwrap.dedent(body))
     raw = {"name": name, "job": {"program": str(script), "world_size": WORLD, "iterations": iterations,
-                                 "warmup": warmup, **job}}
+                                 "warmup": warmup, **job},
+           "emulation": {"loaded_compute": loaded_compute}}
     config = tmp_path / f"{name}.yaml"
     config.write_text(yaml.safe_dump(raw))
     return config, script

@@ -29,7 +29,7 @@ def _same_structure_as_record(cfg, tmp_path: Path, slots: int):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("slots", [1, 2])
+@pytest.mark.parametrize("slots", [1, pytest.param(2, marks=pytest.mark.slow)])   # K=1 switches the most
 def test_moe_w4_dp2_ep2_bare_graph_equals_real_run(tmp_path, slots):
     cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.world_size=4", "parallel.dp=2", "parallel.ep=2",
                                                          "parallel.microbatches=4", "job.iterations=3"])

@@ -52,6 +52,8 @@ def test_value_dependent_sizes_without_a_rule_are_reported(tmp_path):
         collect_rules(cfg, tmp_path, slots=2)
 
 
+# slow: the tensor cache's fast path is the pipelining script's test below
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_learned_routing_from_the_tensor_cache_equals_the_real_run(tmp_path):
     # the same job, its value-dependent sizes answered from an earlier collection's tensor cache;

@@ -25,6 +25,8 @@ from prism_core.trace.schema import COMM
 from tests.jobs import assert_no_rank_processes, assert_nothing_left, make_job
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# slices without their loaded second run, which only moves compute spans (tests/replay/test_slices.py)
+NO_LOAD = "emulation.loaded_compute=false"
 
 
 def _calibrated(cfg, tmp_path):
@@ -41,7 +43,7 @@ def _with_roi(cfg, ranks, **job):
 @pytest.mark.timeout(300)
 def test_rank_of_interest_is_emulated_with_the_real_runs_memory(tmp_path):
     cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1",
-                                                           "emulation.ranks_of_interest=1"])
+                                                           "emulation.ranks_of_interest=1", NO_LOAD])
     graph, predicted = _calibrated(cfg, tmp_path)
     steps: list[int] = []
     doc = emulate(cfg, graph.directory, tmp_path / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted,
@@ -67,7 +69,7 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_out_of_memory_at_the_real_runs_rank_and_step(tmp_path):
-    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1"])
+    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1", NO_LOAD])
     free = record(cfg, tmp_path / "free", options=RecordOptions(echo=False))
     peaks = {int(r): m["peak_memory_bytes"] for r, m in free["ranks"].items()}
     assert peaks[0] != peaks[1]
@@ -135,7 +137,7 @@ def test_rank_of_another_dp_replica_is_emulated_from_a_rules_mode_graph(tmp_path
     # virtual ranks send what their replica-0 twins sent, and uneven all-to-alls use the graph's splits
     cfg = load_config(CONFIGS / "tiny_moe_w2_ep2.yaml", [
         "job.world_size=4", "parallel.dp=4", "parallel.ep=2", "model.moe_router=balanced", "job.iterations=3",
-        "job.warmup=1", "emulation.collect_mode=rules", "emulation.sandbox=1", "emulation.ranks_of_interest=3"])
+        "job.warmup=1", "emulation.collect_mode=rules", "emulation.sandbox=1", "emulation.ranks_of_interest=3", NO_LOAD])
     graph, predicted = _calibrated(cfg, tmp_path)
     assert (graph.directory / "tensors.zarr").is_dir() and (graph.directory / "replica_source.npy").is_file()
     a2a = graph.trace.columns["splits"] > 0

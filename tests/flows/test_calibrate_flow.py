@@ -29,8 +29,8 @@ def test_local_runner_has_slot_resources():
 @pytest.mark.timeout(600)
 def test_flow_predicts_every_rank(prefect_server, tmp_path):
     out = tmp_path / "calibrate"
-    doc = run_calibrate(str(CONFIGS / "tiny_moe_w2_pp2.yaml"), ["job.iterations=3", "emulation.sandbox=1"],
-                        str(out), None, root=str(tmp_path / "stages"))
+    doc = run_calibrate(str(CONFIGS / "tiny_moe_w2_pp2.yaml"), ["job.iterations=3", "emulation.sandbox=1",
+                        "emulation.loaded_compute=false"], str(out), None, root=str(tmp_path / "stages"))
     assert doc["mode"] == "predicted" and set(doc["ranks"]) == {"0", "1"}
     assert json.loads((out / "metrics.json").read_text()) == doc
     assert all(entry["iteration_time_s"] > 0 for entry in doc["ranks"].values())
@@ -40,7 +40,7 @@ def test_flow_predicts_every_rank(prefect_server, tmp_path):
 def test_failed_slice_fails_the_flow_and_the_rerun_reuses_the_rest(prefect_server, tmp_path, monkeypatch):
     flag = tmp_path / "crash"
     monkeypatch.setenv("CRASH_FLAG", str(flag))
-    config, script = make_job(tmp_path, CRASH_IN_SLICE_SCRIPT, name="crashy", iterations=3)
+    config, script = make_job(tmp_path, CRASH_IN_SLICE_SCRIPT, name="crashy", iterations=3, loaded_compute=True)
     stages = tmp_path / "stages"
     args = (str(config), ["emulation.sandbox=1"], str(tmp_path / "out"))
     # collect first, without the flag, so that only the slice of rank 1 fails

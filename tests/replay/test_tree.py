@@ -116,6 +116,9 @@ def test_a_sandbox_rank_below_a_virtual_one_gets_the_full_allreduce():
     assert torch.equal(out[4], value)
 
 
+# slow: the assistant's part is the ring's test (tests/replay/test_ring.py), the trees' results
+# tests/backend/test_tree.py and tests/replay/test_tree_barrier.py
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sandbox_ranks_get_the_real_runs_bits_with_only_tree_neighbours_and_peers(tmp_path):
     script = tmp_path / "trees.py"
