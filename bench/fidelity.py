@@ -8,8 +8,9 @@ the median of its measured steps; a run's figure is the mean over ranks. Printed
 the real, predicted and emulated medians over pairs with their errors, a 90% interval of each
 error bootstrapped over the pairs (how far this machine's noise between runs moves it), and
 beside them the ablation without inter-slice calibration (each rank as timed in its own slice),
-and the prediction with the real run's compute spans in place of the slices' (what of the error
-is communication and calibration, and what is compute measured in another run).
+the prediction with the real run's compute spans in place of the slices' (what of the error
+is communication and calibration, and what is compute measured in another run), and the
+prediction from the plain slices alone, their loaded runs left out (what the neighbour load moved).
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
 
@@ -69,6 +70,18 @@ def _span(interval: tuple[float, float]) -> str:
     return f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
 
 
+def _plain_compute(cfg, graph, root: Path) -> float | None:
+    """The pair's prediction from its plain slices alone, their loaded runs left out: beside the
+    "predicted" column, what the stand-in neighbour load moved (None where no slice had a loaded run)."""
+    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
+    if all(j.loaded is None for j in jobs):
+        return None
+    match = match_ops(graph.trace)
+    timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs])
+    prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, plan_orders(cfg, plan))
+    return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())
+
+
 def _with_real_compute(cfg, graph, root: Path) -> float:
     """The pair's prediction with every timed rank's compute spans taken from the pair's real run
     instead of its slice (ranks renamed from a timed rank take them, in other orders, as in the
@@ -101,7 +114,7 @@ def main() -> None:
                       "oversubscribed, so the comparison says little")
             root = Path(tmp) / cfg.name
             graph = collect(cfg, root / "collect")
-            real, pred, uncal, first, selfcheck, emul, oracle = [], [], [], [], [], [], []
+            real, pred, uncal, first, selfcheck, emul, oracle, plain = [], [], [], [], [], [], [], []
             for i in range(args.pairs):
                 for what in (("real", "pred") if i % 2 == 0 else ("pred", "real")):
                     if what == "real":
@@ -126,27 +139,33 @@ def main() -> None:
                             root / "emulate")["ranks"][str(r)]["iteration_time_s"]
                         for r in range(cfg.job.world_size)))
                 oracle.append(_with_real_compute(cfg, graph, root) if args.passes == 1 else float("nan"))
+                unloaded = _plain_compute(cfg, graph, root) if args.passes == 1 else None
+                plain.append(float("nan") if unloaded is None else unloaded)
                 print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real[-1]:.4f} s  predicted {pred[-1]:.4f} s "
                       f"({_pct(pred[-1], real[-1])})  emulated {emul[-1]:.4f} s ({_pct(emul[-1], real[-1])})  "
-                      f"with the real compute {oracle[-1]:.4f} s ({_pct(oracle[-1], real[-1])})  one pass {first[-1]:.4f} s  "
+                      f"with the real compute {oracle[-1]:.4f} s ({_pct(oracle[-1], real[-1])})  "
+                      f"without the load {plain[-1]:.4f} s ({_pct(plain[-1], real[-1])})  one pass {first[-1]:.4f} s  "
                       f"uncalibrated {uncal[-1]:.4f} s", flush=True)
             r, p, u, f, e = (statistics.median(x) for x in (real, pred, uncal, first, emul))
             rows.append((cfg.name, r, p, e, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)]),
                          statistics.median([b / a - 1 for a, b in zip(real, selfcheck)]), (max(real) - min(real)) / r,
                          _interval(real, pred), _interval(real, emul),
-                         statistics.median([b / a - 1 for a, b in zip(real, oracle)])))
+                         statistics.median([b / a - 1 for a, b in zip(real, oracle)]),
+                         statistics.median([b / a - 1 for a, b in zip(real, plain)])))
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
           f"pass(es), medians over {args.pairs} pairs; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'emulated (s)':>12} {'error':>8} {'90% interval':>15} "
-          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'real spread':>11}")
-    for name, r, p, e, f, u, pw, sc, spread, ci_p, ci_e, oc in rows:
+          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} {'real spread':>11}")
+    for name, r, p, e, f, u, pw, sc, spread, ci_p, ci_e, oc, nl in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {e:12.4f} "
               f"{_pct(e, r):>8} {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
-              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * spread:10.2f}%")
+              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * spread:10.2f}%")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
           "median): the error of the slices' communication and of the calibration alone")
+    print("no load: each pair's prediction from its plain slices alone, their loaded runs left out (pair-wise median; "
+          "nan where no slice had one): what the stand-in neighbour load moved")
     print("90% interval: of the error, bootstrapped over the pairs (each resample draws whole pairs with "
           "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "
