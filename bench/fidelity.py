@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.calibrate import predict
-from prism_core.calibrate.durations import slice_timings, with_loaded_compute
+from prism_core.calibrate.durations import load_ran, slice_timings, with_loaded_compute
 from prism_core.calibrate.predict import predict_from, timed_ranks
 from prism_core.calibrate.stage import plan_orders, slice_jobs, time_and_calibrate
 from prism_core.collect.stage import collect
@@ -74,7 +74,7 @@ def _plain_compute(cfg, graph, root: Path) -> float | None:
     """The pair's prediction from its plain slices alone, their loaded runs left out: beside the
     "predicted" column, what the stand-in neighbour load moved (None where no slice had a loaded run)."""
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
-    if all(j.loaded is None for j in jobs):
+    if not any(j.loaded is not None and load_ran(j.loaded) for j in jobs):
         return None
     match = match_ops(graph.trace)
     timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs])

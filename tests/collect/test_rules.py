@@ -52,7 +52,7 @@ def test_value_dependent_sizes_without_a_rule_are_reported(tmp_path):
         collect_rules(cfg, tmp_path, slots=2)
 
 
-# slow: the tensor cache's fast path is the pipelining script's test below
+# slow: the two-rank case below keeps the cached all-to-alls in the fast path
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_learned_routing_from_the_tensor_cache_equals_the_real_run(tmp_path):
@@ -71,6 +71,21 @@ def test_learned_routing_from_the_tensor_cache_equals_the_real_run(tmp_path):
         "emulation.collect_mode=rules", f"emulation.tensor_cache={tmp_path / 'cs' / 'tensors.zarr'}"])
     record_trace = load_trace(tmp_path / "record" / "trace.zarr")
     assert structural_diff(record_trace, collect_rules(deduped, tmp_path / "dedup", slots=2).trace) is not None
+
+
+@pytest.mark.timeout(300)
+def test_learned_all_to_alls_of_two_ranks_from_the_tensor_cache_equal_the_real_run(tmp_path):
+    # ep2 with learned routing: the all-to-alls' uneven splits follow each rank's data; the rules
+    # answer them from the cache (each rank collected: dedup would rename one replica's routing)
+    overrides = ["job.iterations=3"]
+    cfg = load_config(CONFIGS / "tiny_moe_w2_ep2.yaml", overrides)
+    collect_context_switch(cfg, tmp_path / "cs", slots=2)
+    cached = load_config(CONFIGS / "tiny_moe_w2_ep2.yaml", overrides + [
+        "emulation.collect_mode=rules", "emulation.dp_dedup=false",
+        f"emulation.tensor_cache={tmp_path / 'cs' / 'tensors.zarr'}"])
+    collected = _equals_record(cached, tmp_path)
+    splits = collected.trace.columns["splits"]
+    assert (splits > 0).any()
 
 
 @pytest.mark.timeout(300)
