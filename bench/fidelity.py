@@ -70,28 +70,27 @@ def _span(interval: tuple[float, float]) -> str:
     return f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
 
 
-def _plain_compute(cfg, graph, root: Path) -> float | None:
-    """The pair's prediction from its plain slices alone, their loaded runs left out: beside the
-    "predicted" column, what the stand-in neighbour load moved (None where no slice had a loaded run)."""
-    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
-    if not any(j.loaded is not None and load_ran(j.loaded) for j in jobs):
-        return None
-    match = match_ops(graph.trace)
-    timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs])
-    prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, plan_orders(cfg, plan))
-    return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())
+def _variant(cfg, graph, root: Path, compute: str) -> float | None:
+    """The pair's prediction rebuilt from its own runs with the compute spans changed.
 
-
-def _with_real_compute(cfg, graph, root: Path) -> float:
-    """The pair's prediction with every timed rank's compute spans taken from the pair's real run
-    instead of its slice (ranks renamed from a timed rank take them, in other orders, as in the
-    calibration): what is left of the error is the model of communication and synchronisation
-    (the slices' transfer times and the calibration); the rest was compute measured in another run."""
+    "real": every timed rank's compute spans from the pair's real run instead of its slice (ranks
+    renamed from a timed rank take them, in other orders, as in the calibration): what is left of
+    the error is the model of communication and synchronisation (the slices' transfer times and
+    the calibration); the rest was compute measured in another run.
+    "plain": the plain slices alone, their loaded runs left out: what the stand-in neighbour load
+    moved (None where no slice's load ran).
+    """
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
     match = match_ops(graph.trace)
-    timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs], [j.loaded for j in jobs])
-    real = slice_timings(graph.trace, match, root / "record", list(range(cfg.job.world_size)))
-    timings = with_loaded_compute(graph.trace, timings, real)     # swaps in the real run's compute spans
+    if compute == "plain":
+        if not any(j.loaded is not None and load_ran(j.loaded) for j in jobs):
+            return None
+        timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs])
+    else:
+        timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
+                                 [j.loaded for j in jobs])
+        real = slice_timings(graph.trace, match, root / "record", list(range(cfg.job.world_size)))
+        timings = with_loaded_compute(graph.trace, timings, real)     # swaps in the real run's compute spans
     prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, plan_orders(cfg, plan))
     return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())
 
@@ -138,8 +137,8 @@ def main() -> None:
                             update={"ranks_of_interest": [r]})}), graph.directory, root / "calibrate" / "timeline.npz",
                             root / "emulate")["ranks"][str(r)]["iteration_time_s"]
                         for r in range(cfg.job.world_size)))
-                oracle.append(_with_real_compute(cfg, graph, root) if args.passes == 1 else float("nan"))
-                unloaded = _plain_compute(cfg, graph, root) if args.passes == 1 else None
+                oracle.append(_variant(cfg, graph, root, "real") if args.passes == 1 else float("nan"))
+                unloaded = _variant(cfg, graph, root, "plain") if args.passes == 1 else None
                 plain.append(float("nan") if unloaded is None else unloaded)
                 print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real[-1]:.4f} s  predicted {pred[-1]:.4f} s "
                       f"({_pct(pred[-1], real[-1])})  emulated {emul[-1]:.4f} s ({_pct(emul[-1], real[-1])})  "
