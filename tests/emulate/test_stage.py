@@ -40,13 +40,24 @@ def _with_roi(cfg, ranks, **job):
                                   "job": cfg.job.model_copy(update=job)})
 
 
+@pytest.fixture(scope="module")
+def pp2(tmp_path_factory):
+    """tiny pp2, collected, timed and calibrated once, and its real run unbounded: shared by the
+    tests below (the ranks of interest and the device capacity change neither the bare graph nor
+    the slices)."""
+    root = tmp_path_factory.mktemp("pp2")
+    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1", NO_LOAD])
+    graph, predicted = _calibrated(cfg, root)
+    free = record(cfg, root / "record", options=RecordOptions(echo=False))
+    return cfg, graph, predicted, root, free
+
+
 @pytest.mark.timeout(300)
-def test_rank_of_interest_is_emulated_with_the_real_runs_memory(tmp_path):
-    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1",
-                                                           "emulation.ranks_of_interest=1", NO_LOAD])
-    graph, predicted = _calibrated(cfg, tmp_path)
+def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
+    base, graph, predicted, root, real = pp2
+    cfg = _with_roi(base, [1])
     steps: list[int] = []
-    doc = emulate(cfg, graph.directory, tmp_path / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted,
+    doc = emulate(cfg, graph.directory, root / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted,
                   progress=steps.append)
     assert doc["mode"] == "emulated" and doc["world_size"] == 2 and set(doc["ranks"]) == {"1"}
     assert steps == sorted(set(steps)) and steps[-1] == cfg.job.iterations   # progress, step by step
@@ -62,15 +73,13 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(tmp_path):
     assert replay["max_ahead_of_clock_s"] <= 0.0, "a virtual op went on the wire before its calibrated time"
     placement = doc["emulation"]["placement"]     # one rank of interest and the assistant: 2 cores
     assert placement["bound"] == (len(machine_cores()) >= 2)
-    real = record(cfg, tmp_path / "record", options=RecordOptions(echo=False))
     assert entry["peak_memory_bytes"] == real["ranks"]["1"]["peak_memory_bytes"]
     assert_no_rank_processes()
 
 
 @pytest.mark.timeout(300)
-def test_out_of_memory_at_the_real_runs_rank_and_step(tmp_path):
-    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", ["job.iterations=4", "emulation.sandbox=1", NO_LOAD])
-    free = record(cfg, tmp_path / "free", options=RecordOptions(echo=False))
+def test_out_of_memory_at_the_real_runs_rank_and_step(pp2, tmp_path):
+    cfg, graph, _, root, free = pp2
     peaks = {int(r): m["peak_memory_bytes"] for r, m in free["ranks"].items()}
     assert peaks[0] != peaks[1]
     big, small = max(peaks, key=peaks.get), min(peaks, key=peaks.get)
@@ -78,7 +87,12 @@ def test_out_of_memory_at_the_real_runs_rank_and_step(tmp_path):
     bounded = _with_roi(cfg, [big], device_memory_bytes=capacity)
     real = record(bounded, tmp_path / "record", options=RecordOptions(echo=False))
     assert real["oom"]["ranks"] == [big]
-    graph, predicted = _calibrated(bounded, tmp_path)  # slices run unbounded; the prediction flags the rank
+    # slices run unbounded (the capacity is not in their key: the unbounded job's are reused);
+    # the prediction flags the rank
+    reused = []
+    predicted = time_and_calibrate(bounded, graph.trace, graph.directory, root / "timing", tmp_path / "calibrate",
+                                   on_slice=lambda n, job, out: reused.append(out.reused))
+    assert reused == [True, True]
     assert predicted["oom"]["ranks"] == [big] and predicted["oom"]["step"] == real["oom"]["step"]
     doc = emulate(bounded, graph.directory, tmp_path / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted)
     assert doc["oom"]["ranks"] == [big] and doc["oom"]["step"] == real["oom"]["step"]
