@@ -10,14 +10,6 @@ import sys
 from pathlib import Path
 
 from prism_core.config import ConfigError, PrismConfig, load_config
-from prism_core.launch import LaunchError
-from prism_core.cache import CacheError
-from prism_core.calibrate.timeline import CalibrationError
-from prism_core.collect.coordinator import CollectError
-from prism_core.collect.probe import StructureChanged
-from prism_core.metrics import MetricsError
-from prism_core.report.regression import RegressionError
-from prism_core.trace import TraceError
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -175,10 +167,27 @@ def _reap_children() -> None:
             pass
 
 
+def _failures() -> tuple[type[Exception], ...]:
+    """The errors a command reports in one paragraph with status 1. Imported once the arguments
+    parsed (some of their modules import torch), so that `prism --help` answers at once."""
+    from prism_core.cache import CacheError
+    from prism_core.calibrate.timeline import CalibrationError
+    from prism_core.collect.coordinator import CollectError
+    from prism_core.collect.probe import StructureChanged
+    from prism_core.launch import LaunchError
+    from prism_core.metrics import MetricsError
+    from prism_core.report.regression import RegressionError
+    from prism_core.trace import TraceError
+
+    return (LaunchError, MetricsError, TraceError, OSError, CollectError, CacheError, CalibrationError,
+            RegressionError, StructureChanged)
+
+
 def main(argv: list[str] | None = None, *, final: bool = False) -> int:
     """Run one command; `final`: the process exits right after (the installed `prism`)."""
     global _stopping
     args = _parser().parse_args(argv)
+    failures = _failures()
     _stopping = False
     previous = signal.signal(signal.SIGTERM, _on_sigterm)  # so `finally` blocks stop the ranks
     try:
@@ -209,11 +218,7 @@ def main(argv: list[str] | None = None, *, final: bool = False) -> int:
     except ConfigError as err:
         print(f"prism: config error: {err}", file=sys.stderr)
         return 2
-    except (LaunchError, MetricsError) as err:
-        print(f"prism {args.command} failed: {err}", file=sys.stderr)
-        return 1
-    except (TraceError, OSError, CollectError, CacheError, CalibrationError, RegressionError,
-            StructureChanged) as err:
+    except failures as err:
         print(f"prism {args.command} failed: {err}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated):
