@@ -131,9 +131,9 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tm
     record(cfg, tmp_path / "record", echo=False)
     real = {r: rank_result(tmp_path / "record", r) for r in range(6)}
     graph = collect(cfg, tmp_path / "collect")
-    # {1}: virtual 0 sends, virtual 2 receives; {1, 3}: virtual 2 sits between two sandbox ranks;
-    # {0, 5}: neighbours 1 and 4, the ring wraps from 5 to 0
-    for sandbox, neighbours in (([1], {0, 2}), ([1, 3], {0, 2, 4}), ([0, 5], {1, 4})):
+    # {1, 3}: virtual 0 sends to 1, virtual 2 sits between two sandbox ranks, virtual 4 receives
+    # from 3; {0, 5}: neighbours 1 and 4, the ring wraps from 5 to 0
+    for sandbox, neighbours in (([1, 3], {0, 2, 4}), ([0, 5], {1, 4})):
         out = tmp_path / "-".join(map(str, sandbox))
         run_with_assistant(cfg, graph.directory, sandbox, out)
         stats = json.loads((out / "replay" / "stats.json").read_text())

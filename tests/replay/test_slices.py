@@ -90,6 +90,9 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) ->
             assert np.array_equal(model["transfer"][s][own], plain[r].transfer[own])
 
 
+# slow: `prism run` of the same script with the same sandbox rank (tests/flows/test_pipeline_flow.py,
+# test_run_emulates_a_pipelining_script_and_reports) times these slices on the fast path
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pipelining_script_gets_its_shape_metadata_from_a_virtual_peer(tmp_path):
     # rank 1 alone learns its input shapes through recv_object_list from virtual rank 0: the
@@ -114,6 +117,10 @@ def test_dp_replicas_are_timed_once_and_renamed(tmp_path):
     assert plan.slices == [plan.timed]
 
 
+# slow: the fast path is the flow's (tests/flows/test_calibrate_flow.py,
+# test_failed_slice_fails_the_flow_and_the_rerun_reuses_the_rest: the rank's error, the finished
+# slice and its loaded run kept and reused)
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_crashing_slice_is_reported_and_finished_slices_are_reused(tmp_path, monkeypatch):
     flag = tmp_path / "crash"
