@@ -19,6 +19,7 @@ from prism_core.config import load_config
 from prism_core.emulate.stage import emulate
 from prism_core.launch.cores import machine_cores
 from prism_core.record import RecordOptions, record
+from prism_core.replay.slices import run_slice
 
 from prism_core.trace.schema import COMM
 
@@ -73,6 +74,8 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
     assert replay["max_ahead_of_clock_s"] <= 0.0, "a virtual op went on the wire before its calibrated time"
     placement = doc["emulation"]["placement"]     # one rank of interest and the assistant: 2 cores
     assert placement["bound"] == (len(machine_cores()) >= 2)
+    if placement["bound"]:                        # the assistant on cores apart from the rank's
+        assert placement["assistant"] and not set(placement["assistant"]) & set(placement["ranks"].values())
     assert entry["peak_memory_bytes"] == real["ranks"]["1"]["peak_memory_bytes"]
     assert_no_rank_processes()
 
@@ -93,6 +96,11 @@ def test_out_of_memory_at_the_real_runs_rank_and_step(pp2, tmp_path):
     predicted = time_and_calibrate(bounded, graph.trace, graph.directory, root / "timing", tmp_path / "calibrate",
                                    on_slice=lambda n, job, out: reused.append(out.reused))
     assert reused == [True, True]
+    # and a slice started afresh for the bounded job runs unbounded too: past the capacity, no OOM
+    fresh = run_slice(bounded, graph.directory, [big], tmp_path / "slice")
+    assert not fresh.reused
+    result = json.loads((tmp_path / "slice" / "results" / f"{big}.json").read_text())
+    assert max(p for p in result["step_peaks"] if p is not None) > capacity
     assert predicted["oom"]["ranks"] == [big] and predicted["oom"]["step"] == real["oom"]["step"]
     doc = emulate(bounded, graph.directory, tmp_path / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted)
     assert doc["oom"]["ranks"] == [big] and doc["oom"]["step"] == real["oom"]["step"]

@@ -90,6 +90,7 @@ def test_runs_publish_versions_the_check_fires_beyond_its_limits_and_recalibrate
         run_flow(str(config), ["emulation.sandbox=1", "report.max_iteration_time_change=0"],
                  str(tmp_path / "run"), str(root), check=True)
     assert versions.latest(root).number == 3       # the bad night is kept in the history
+    assert_no_rank_processes()
 
     # `prism recalibrate` (the same job and root: one first run serves both halves of this test)
     graphs = sorted(p.name for p in (root / "collect").iterdir())
