@@ -24,11 +24,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/prism run configs/demo.yaml
 
-# the fast path (the tests marked slow left out), whole files spread over TEST_WORKERS pytest-xdist
-# workers (a file's shared job runs once); the slowest tests listed, to keep its time in check
+# the fast path (the tests marked slow left out): whole files spread over TEST_WORKERS pytest-xdist
+# workers (a file's shared job runs once), the slowest files first (tests/conftest.py); the
+# slowest tests listed, to keep its time in check
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile -q --durations=15
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -q --durations=15
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
