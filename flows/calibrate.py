@@ -41,8 +41,12 @@ def task_runner(dask_address: str | None = None, sandbox: int = 1) -> DaskTaskRu
     if dask_address:
         return DaskTaskRunner(address=dask_address)
     slots = local_slots(sandbox)
+    # Dask serves HTTP (dashboard, health) from the scheduler and each worker even with the
+    # dashboard off, on every interface unless told: loopback here, on a free port.
     return DaskTaskRunner(cluster_kwargs={"processes": False, "n_workers": 1, "threads_per_worker": slots,
-                                          "resources": {"slots": slots}, "dashboard_address": None,
+                                          "resources": {"slots": slots},
+                                          "dashboard_address": "127.0.0.1:0",
+                                          "worker_dashboard_address": "127.0.0.1:0",
                                           "local_directory": str(Path(tempfile.gettempdir()) / "prism-dask")})
 
 

@@ -26,6 +26,20 @@ def test_local_runner_has_slot_resources():
     assert task_runner(sandbox=64).cluster_kwargs["resources"] == {"slots": 64}
 
 
+def test_local_cluster_listens_on_loopback_only():
+    import psutil
+    from distributed import LocalCluster
+
+    def listening() -> set[tuple[str, int]]:
+        return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections() if c.status == "LISTEN"}
+
+    before = listening()
+    with LocalCluster(**task_runner().cluster_kwargs):
+        opened = listening() - before
+    assert opened, "the cluster serves nothing over HTTP: this test no longer checks anything"
+    assert {ip for ip, _ in opened} == {"127.0.0.1"}, opened
+
+
 @pytest.mark.timeout(600)
 def test_flow_predicts_every_rank(prefect_server, tmp_path):
     out = tmp_path / "calibrate"
