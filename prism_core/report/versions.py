@@ -133,9 +133,17 @@ def publish(job_dir: Path, job: str, files: dict[str, Path | str | bytes], input
 
 
 def _point_latest(d: Path, number: int) -> None:
+    """Point `latest` at the highest published number (`number` or a later one).
+
+    Reading the pointer and replacing it are two steps, so a publisher of a lower number can
+    replace it just after one of a higher number did: every publisher looks again after its own
+    replace, and the last replace made is always one that was checked against every number.
+    """
     current = d / LATEST
-    if current.is_symlink() and int(os.readlink(current)) >= number:
-        return                      # a later version was published meanwhile
-    tmp = d / f".latest-{uuid.uuid4().hex}"
-    os.symlink(str(number), tmp)
-    os.replace(tmp, current)
+    while True:
+        highest = max(number, *numbers(d))
+        if current.is_symlink() and int(os.readlink(current)) >= highest:
+            return
+        tmp = d / f".latest-{uuid.uuid4().hex}"
+        os.symlink(str(highest), tmp)
+        os.replace(tmp, current)

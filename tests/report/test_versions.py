@@ -50,6 +50,23 @@ def test_concurrent_publishers_get_distinct_numbers(tmp_path):
     assert not [p for p in (tmp_path / "job").iterdir() if p.name.startswith(".")]
 
 
+def test_latest_ends_at_the_highest_when_a_lower_publisher_repoints_last(tmp_path, monkeypatch):
+    """The interleaving the threads above hit only now and then, forced: version 2's publisher
+    has checked the pointer, version 3 is published in full, then 2's replace lands."""
+    _publish(tmp_path)
+    real_replace, later = os.replace, []
+
+    def replace(src, dst):
+        if not later:
+            later.append(None)
+            later.append(_publish(tmp_path).number)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(versions.os, "replace", replace)
+    assert _publish(tmp_path).number == 2 and later == [None, 3]
+    assert versions.latest(tmp_path / "job").number == 3
+
+
 def test_a_failed_publish_leaves_nothing(tmp_path):
     _publish(tmp_path)
     with pytest.raises(FileNotFoundError):
