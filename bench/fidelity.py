@@ -12,7 +12,13 @@ the prediction with the real run's compute spans in place of the slices' (what o
 is communication and calibration, and what is compute measured in another run), and the
 prediction from the plain slices alone, their loaded runs left out (what the neighbour load moved).
 
+With `--turns T` the runs of a pair do not follow one another: they run at once and take turns
+of T seconds on the machine (bench/turns.py), so that the real run and the model see the same
+machine; two records of one job then differ by ~1% here against ~6% one after the other
+(bench/run_to_run.py). The emulations take turns with a second record run of their own.
+
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
+                                       [--turns 0.3] [--emulation-turns 2]
 
 Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a
 machine with more cores: the real run must fit, W <= cores, for the comparison to mean much).
@@ -21,9 +27,11 @@ machine with more cores: the real run must fit, W <= cores, for the comparison t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,8 +45,12 @@ from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.emulate.stage import emulate
 from prism_core.record import RecordOptions, record
+from prism_core.replay.slices import run_slice
 from prism_core.trace import load_trace
 from prism_core.trace.matching import match_ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from turns import clean_steps, take_turns, unstop_run  # noqa: E402  (a bench script beside this one)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -95,6 +107,115 @@ def _variant(cfg, graph, root: Path, compute: str) -> float | None:
     return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())
 
 
+def _figure(run_dir: Path, world: int, warmup: int) -> float:
+    """A run's iteration time from its ranks' step times: the mean over ranks of each one's median."""
+    return statistics.mean(statistics.median(json.loads((run_dir / "results" / f"{r}.json").read_text())
+                                             ["step_times_s"][warmup:]) for r in range(world))
+
+
+def _selfcheck(cfg, run_dir: Path) -> float:
+    """The calibration fed the real run's own node times: must give back its figure."""
+    world = cfg.job.world_size
+    own = predict(load_trace(run_dir / "trace.zarr"), [(run_dir, list(range(world)))], np.arange(world))
+    return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in own.step_times.values())
+
+
+def _of_interest(cfg, rank: int):
+    return cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"ranks_of_interest": [rank]})})
+
+
+def _model(cfg, graph, root: Path, passes: int) -> dict:
+    """The calibrated prediction from the slices under `root/timing` (run here, or reused)."""
+    doc = time_and_calibrate(cfg, graph.trace, graph.directory, root / "timing", root / "calibrate", passes=passes)
+    return {"pred": _mean(doc, "iteration_time_s"), "uncal": _mean(doc, "uncalibrated_iteration_time_s"),
+            "first": _mean(doc, "first_pass_iteration_time_s") if passes > 1 else _mean(doc, "iteration_time_s")}
+
+
+def _classic_pair(cfg, graph, root: Path, i: int, passes: int) -> dict:
+    """One pair run one after the other: `prism record`, then the model (or the other way round)."""
+    out: dict = {}
+    for what in (("real", "pred") if i % 2 == 0 else ("pred", "real")):
+        if what == "real":
+            out["real"] = out["real_e"] = _mean(record(cfg, root / "record", options=RecordOptions(echo=False)),
+                                                "iteration_time_s")
+            out["selfcheck"] = _selfcheck(cfg, root / "record")
+            continue
+        shutil.rmtree(root / "timing", ignore_errors=True)
+        out.update(_model(cfg, graph, root, passes))
+        out["emul"] = statistics.mean(
+            emulate(_of_interest(cfg, r), graph.directory, root / "calibrate" / "timeline.npz",
+                    root / "emulate")["ranks"][str(r)]["iteration_time_s"] for r in range(cfg.job.world_size))
+    return out
+
+
+def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
+    """One pair whose runs take turns on the machine (bench/turns.py), in two rounds.
+
+    First `prism record` and every slice (plain and loaded) at once, turns of `--turns` s, their
+    stopped time taken out; the prediction is calibrated from those slices. Then one emulation
+    per rank and a second `prism record` at once, turns of `--emulation-turns` s, each figure
+    from the steps no stop touched (a replay in calibrated time cannot be corrected).
+    """
+    world, warmup = cfg.job.world_size, cfg.job.warmup
+    for sub in ("timing", "record", "record_e", "logs"):
+        shutil.rmtree(root / sub, ignore_errors=True)
+    (root / "logs").mkdir(parents=True)
+    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
+    runs = [(["record", str(root / "record")], root / "record")]
+    for j in jobs:
+        sandbox = ",".join(map(str, j.sandbox))
+        runs.append((["slice", str(j.directory), str(graph.directory), sandbox, "0"], j.directory))
+        if j.loaded is not None:
+            runs.append((["slice", str(j.loaded), str(graph.directory), sandbox, "1"], j.loaded))
+    if i % 2:
+        runs = runs[1:] + runs[:1]
+    stops = take_turns([_launch_cmd(args, cfg_args) for cfg_args, _ in runs], args.turns, 3600,
+                       [root / "logs" / f"a{n}.log" for n in range(len(runs))])
+    for (_, run_dir), s in zip(runs, stops):
+        unstop_run(run_dir, s)
+    out = {"real": _figure(root / "record", world, warmup), "selfcheck": _selfcheck(cfg, root / "record")}
+    out.update(_model(cfg, graph, root, 1))
+    timeline = root / "calibrate" / "timeline.npz"
+    runs = [(["emulate", str(root / f"emulate_{r}"), str(graph.directory), str(r), str(timeline)],
+             root / f"emulate_{r}") for r in range(world)] + [(["record", str(root / "record_e")], root / "record_e")]
+    if i % 2:
+        runs = runs[-1:] + runs[:-1]
+    stops = take_turns([_launch_cmd(args, cfg_args) for cfg_args, _ in runs], args.emulation_turns, 3600,
+                       [root / "logs" / f"b{n}.log" for n in range(len(runs))])
+    clean = {run_dir: s for (_, run_dir), s in zip(runs, stops)}
+    out["emul"] = statistics.mean(statistics.median(clean_steps(root / f"emulate_{r}", r, clean[root / f"emulate_{r}"],
+                                                                warmup)) for r in range(world))
+    out["real_e"] = statistics.mean(statistics.median(clean_steps(root / "record_e", r, clean[root / "record_e"], warmup))
+                                    for r in range(world))
+    out["first"] = out["pred"]
+    return out
+
+
+def _launch_cmd(args, what: list[str]) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--launch", *what, "--config", args.current_config,
+            "--steps", str(args.steps), "--sandbox", str(args.sandbox)]
+
+
+def _load(name: str, steps: int, sandbox: int):
+    return load_config(_config_path(name), [f"job.iterations={steps}", "job.warmup=3", f"emulation.sandbox={sandbox}"])
+
+
+def _launch(args) -> None:
+    """One launch of a pair that takes turns (run in a process of its own)."""
+    cfg = _load(args.config, args.steps, args.sandbox)
+    kind, out, *rest = args.launch
+    if kind == "record":
+        record(cfg, Path(out), options=RecordOptions(echo=False))
+    elif kind == "slice":
+        graph, sandbox, loaded = rest
+        run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), neighbour_load=loaded == "1")
+    elif kind == "emulate":
+        graph, rank, timeline = rest
+        emulate(_of_interest(cfg, int(rank)), Path(graph), Path(timeline), Path(out))
+    else:
+        raise SystemExit(f"unknown launch {kind!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="pp2,dp2,tp2,ep2")
@@ -102,63 +223,63 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=1, help="timing passes (2: refined with a timed replay)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--sandbox", type=int, default=1, help="S, sandbox ranks per slice")
+    parser.add_argument("--turns", type=float, default=0.0,
+                        help="> 0: the runs of a pair take turns of this many seconds (bench/turns.py); "
+                             "0: one after the other")
+    parser.add_argument("--emulation-turns", type=float, default=2.0,
+                        help="with --turns: the turn of the emulations and their record run")
+    parser.add_argument("--launch", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.launch:
+        _launch(args)
+        return
+    if args.turns > 0 and args.passes != 1:
+        parser.error("--turns takes one timing pass (--passes 1)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
-            cfg = load_config(_config_path(name), [f"job.iterations={args.steps}", "job.warmup=3",
-                                                   f"emulation.sandbox={args.sandbox}"])
+            cfg = _load(name, args.steps, args.sandbox)
+            args.current_config = str(_config_path(name))
             if cfg.job.world_size > (os.cpu_count() or 1):
                 print(f"note: {cfg.name} has {cfg.job.world_size} ranks on {os.cpu_count()} cores: its real run is "
                       "oversubscribed, so the comparison says little")
             root = Path(tmp) / cfg.name
             graph = collect(cfg, root / "collect")
-            real, pred, uncal, first, selfcheck, emul, oracle, plain = [], [], [], [], [], [], [], []
+            pairs = []
             for i in range(args.pairs):
-                for what in (("real", "pred") if i % 2 == 0 else ("pred", "real")):
-                    if what == "real":
-                        real.append(_mean(record(cfg, root / "record", options=RecordOptions(echo=False)),
-                                          "iteration_time_s"))
-                        # the calibration fed the real run's own node times must give back its figure
-                        own = predict(load_trace(root / "record" / "trace.zarr"),
-                                      [(root / "record", list(range(cfg.job.world_size)))],
-                                      np.arange(cfg.job.world_size))
-                        selfcheck.append(statistics.mean(statistics.median(t[cfg.job.warmup:])
-                                                         for t in own.step_times.values()))
-                        continue
-                    shutil.rmtree(root / "timing", ignore_errors=True)
-                    doc = time_and_calibrate(cfg, graph.trace, graph.directory, root / "timing", root / "calibrate",
-                                             passes=args.passes)
-                    pred.append(_mean(doc, "iteration_time_s"))
-                    uncal.append(_mean(doc, "uncalibrated_iteration_time_s"))
-                    first.append(_mean(doc, "first_pass_iteration_time_s") if args.passes > 1 else pred[-1])
-                    emul.append(statistics.mean(
-                        emulate(cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
-                            update={"ranks_of_interest": [r]})}), graph.directory, root / "calibrate" / "timeline.npz",
-                            root / "emulate")["ranks"][str(r)]["iteration_time_s"]
-                        for r in range(cfg.job.world_size)))
-                oracle.append(_variant(cfg, graph, root, "real") if args.passes == 1 else float("nan"))
+                pair = (_turns_pair(cfg, graph, root, i, args) if args.turns > 0
+                        else _classic_pair(cfg, graph, root, i, args.passes))
+                pair["oracle"] = _variant(cfg, graph, root, "real") if args.passes == 1 else float("nan")
                 unloaded = _variant(cfg, graph, root, "plain") if args.passes == 1 else None
-                plain.append(float("nan") if unloaded is None else unloaded)
-                print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real[-1]:.4f} s  predicted {pred[-1]:.4f} s "
-                      f"({_pct(pred[-1], real[-1])})  emulated {emul[-1]:.4f} s ({_pct(emul[-1], real[-1])})  "
-                      f"with the real compute {oracle[-1]:.4f} s ({_pct(oracle[-1], real[-1])})  "
-                      f"without the load {plain[-1]:.4f} s ({_pct(plain[-1], real[-1])})  one pass {first[-1]:.4f} s  "
-                      f"uncalibrated {uncal[-1]:.4f} s", flush=True)
-            r, p, u, f, e = (statistics.median(x) for x in (real, pred, uncal, first, emul))
-            rows.append((cfg.name, r, p, e, f, u, statistics.median([b / a - 1 for a, b in zip(real, pred)]),
-                         statistics.median([b / a - 1 for a, b in zip(real, selfcheck)]), (max(real) - min(real)) / r,
-                         _interval(real, pred), _interval(real, emul),
-                         statistics.median([b / a - 1 for a, b in zip(real, oracle)]),
-                         statistics.median([b / a - 1 for a, b in zip(real, plain)])))
+                pair["plain"] = float("nan") if unloaded is None else unloaded
+                pairs.append(pair)
+                p = pair
+                ref = f" of {p['real_e']:.4f} s" if args.turns > 0 else ""
+                print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {p['real']:.4f} s  predicted {p['pred']:.4f} s "
+                      f"({_pct(p['pred'], p['real'])})  emulated {p['emul']:.4f} s ({_pct(p['emul'], p['real_e'])}"
+                      f"{ref})  "
+                      f"with the real compute {p['oracle']:.4f} s ({_pct(p['oracle'], p['real'])})  "
+                      f"without the load {p['plain']:.4f} s ({_pct(p['plain'], p['real'])})  one pass {p['first']:.4f} s  "
+                      f"uncalibrated {p['uncal']:.4f} s", flush=True)
+            col = {k: [p[k] for p in pairs] for k in pairs[0]}
+            real, real_e = col["real"], col["real_e"]
+            r, p, u, f, e, re = (statistics.median(col[k]) for k in ("real", "pred", "uncal", "first", "emul", "real_e"))
+            rows.append((cfg.name, r, p, e, re, f, u, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
+                         statistics.median([b / a - 1 for a, b in zip(real, col["selfcheck"])]), (max(real) - min(real)) / r,
+                         _interval(real, col["pred"]), _interval(real_e, col["emul"]),
+                         statistics.median([b / a - 1 for a, b in zip(real, col["oracle"])]),
+                         statistics.median([b / a - 1 for a, b in zip(real, col["plain"])])))
+    how = (f"runs taking turns of {args.turns:g} s (emulations {args.emulation_turns:g} s, against their own record run "
+           "and its steps no stop touched)" if args.turns > 0 else "runs one after the other")
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
-          f"pass(es), medians over {args.pairs} pairs; error = predicted (or emulated) vs real")
+          f"pass(es), medians over {args.pairs} pairs, {how}; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'emulated (s)':>12} {'error':>8} {'90% interval':>15} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} {'real spread':>11}")
-    for name, r, p, e, f, u, pw, sc, spread, ci_p, ci_e, oc, nl in rows:
+    for name, r, p, e, re, f, u, pw, sc, spread, ci_p, ci_e, oc, nl in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {e:12.4f} "
-              f"{_pct(e, r):>8} {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
+              f"{_pct(e, re):>8} {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * spread:10.2f}%")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "

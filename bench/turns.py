@@ -1,0 +1,177 @@
+"""Runs that take turns: several launches at once, one of them running at any moment.
+
+Two runs of the same job a minute apart differ here by up to 46% (`bench/host_noise.py`: the
+machine's speed moves by a quarter within seconds), so a real run and its prediction measured
+one after the other cannot be compared at a few percent. Taking turns, every `turn_s` seconds
+(SIGSTOP to one launch's process groups, SIGCONT to the next), the launches see the same
+machine, second by second. Each launch's stops are noted on the monotonic clock the traces use;
+`unstop_run` then takes the stopped time out of a finished run's trace parts, the assistant's
+arrival times and the ranks' step times, so that the run reads as if it had run alone (what
+stays is the cost of caches left cold after each stop, alike for every launch).
+
+A replay in calibrated time (an emulation) cannot be corrected so: its assistant waits on the
+wall clock, and a stop shortens what it was waiting for. `clean_steps` keeps the steps of such a
+run that no stop touched (nor the step before them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+Stops = list[tuple[float, float]]       # (stopped at, continued at), time.monotonic
+
+
+class TurnsError(RuntimeError):
+    """A launch failed or the turns ran past their time limit; the message names the launch."""
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _groups(pid: int) -> list[int]:
+    """The process groups of a launch started as session leader `pid`: its children's first."""
+    groups = []
+    for p in _descendants(pid):
+        try:
+            g = os.getpgid(p.pid)
+        except ProcessLookupError:
+            continue
+        if g != pid and g not in groups:
+            groups.append(g)
+    return groups + [pid]
+
+
+def _signal_groups(groups: list[int], sig: int) -> None:
+    for g in groups:
+        try:
+            os.killpg(g, sig)
+        except ProcessLookupError:
+            pass
+
+
+def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: list[Path]) -> list[Stops]:
+    """Run `cmds` (each in a session of its own, output to its log) taking turns of `turn_s`
+    seconds until all have exited; each one's stops. A launch that fails, or a timeout, stops
+    every launch and kills all their processes (TurnsError)."""
+    procs: list[subprocess.Popen] = []
+    known: list[set[int]] = []            # every process group seen per launch, for the cleanup
+    stops: list[Stops] = [[] for _ in cmds]
+    stopped_at: list[float | None] = [None] * len(cmds)
+    try:
+        for i, (cmd, log) in enumerate(zip(cmds, logs)):
+            with open(log, "wb") as out:
+                procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
+            known.append({procs[-1].pid})
+            if i:          # all but the first wait for their turn
+                os.killpg(procs[-1].pid, signal.SIGSTOP)
+                stopped_at[i] = time.monotonic()
+        cur, deadline = 0, time.monotonic() + timeout_s
+        while True:
+            end_of_turn = time.monotonic() + turn_s
+            while time.monotonic() < end_of_turn and procs[cur].poll() is None:
+                time.sleep(0.01)
+            groups = _groups(procs[cur].pid)      # read while it runs: stopping is then one signal per group
+            known[cur].update(groups)
+            for i, p in enumerate(procs):
+                if p.poll() not in (None, 0):
+                    raise TurnsError(f"{' '.join(cmds[i][:4])} ... exited with status {p.returncode} (log: {logs[i]})")
+            live = [i for i, p in enumerate(procs) if p.poll() is None]
+            if not live:
+                return stops
+            if time.monotonic() > deadline:
+                raise TurnsError(f"the launches ran past {timeout_s:g} s; still running: {live}")
+            nxt = min(live, key=lambda i: (i - cur - 1) % len(procs))
+            if nxt != cur:
+                if procs[cur].poll() is None:
+                    _signal_groups(groups, signal.SIGSTOP)
+                    stopped_at[cur] = time.monotonic()
+                stops[nxt].append((stopped_at[nxt], time.monotonic()))
+                stopped_at[nxt] = None
+                _signal_groups(_groups(procs[nxt].pid), signal.SIGCONT)
+                cur = nxt
+    finally:
+        for p, groups in zip(procs, known):
+            if p.poll() is None or any(_group_alive(g) for g in groups - {p.pid}):
+                groups |= set(_groups(p.pid))
+                _signal_groups(sorted(groups), signal.SIGCONT)
+                _signal_groups(sorted(groups), signal.SIGKILL)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def stopped_within(start: np.ndarray, end: np.ndarray, stops: Stops) -> np.ndarray:
+    """How long the launch was stopped within each [start, end]."""
+    out = np.zeros(np.broadcast(start, end).shape)
+    for a, b in stops:
+        out += np.clip(np.minimum(end, b) - np.maximum(start, a), 0.0, None)
+    return out
+
+
+def stop_free(t: np.ndarray, stops: Stops) -> np.ndarray:
+    """Times `t` on a clock that stood still while the launch was stopped."""
+    t = np.asarray(t, dtype=float)
+    return t - stopped_within(np.full(t.shape, -np.inf), t, stops)
+
+
+def _step_windows(run_dir: Path, rank: int, steps: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's [start, end] on the run's own clock: its last node's end, less the step time."""
+    with np.load(run_dir / "trace_parts" / f"{rank}.npz") as part:
+        t_end, step = part["t_end"], part["step"]
+    ends = np.array([t_end[np.nonzero(step == k)[0][-1]] for k in range(len(steps))])
+    return ends - np.asarray(steps), ends
+
+
+def unstop_run(run_dir: Path, stops: Stops) -> None:
+    """Take the stopped time out of a finished run: the step times in `results/`, then every
+    time in `trace_parts/` and `replay/arrivals.npy` (in place)."""
+    run_dir = Path(run_dir)
+    for path in sorted((run_dir / "results").glob("*.json")):
+        result = json.loads(path.read_text())
+        if not result.get("step_times_s"):
+            continue
+        start, end = _step_windows(run_dir, int(path.stem), result["step_times_s"])
+        result["step_times_s"] = [float(x) for x in end - start - stopped_within(start, end, stops)]
+        path.write_text(json.dumps(result))
+    for part in sorted((run_dir / "trace_parts").glob("*.npz")):
+        with np.load(part) as data:
+            columns = {k: data[k] for k in data.files}
+        for key in ("t_start", "t_end"):
+            columns[key] = stop_free(columns[key], stops)
+        np.savez(part, **columns)
+    arrivals = run_dir / "replay" / "arrivals.npy"
+    if arrivals.is_file():
+        np.save(arrivals, stop_free(np.load(arrivals), stops))
+
+
+def clean_steps(run_dir: Path, rank: int, stops: Stops, warmup: int) -> list[float]:
+    """The measured step times of `rank` that no stop touched, nor the step before them."""
+    steps = json.loads((Path(run_dir) / "results" / f"{rank}.json").read_text())["step_times_s"]
+    start, end = _step_windows(Path(run_dir), rank, steps)
+    hit = stopped_within(start, end, stops) > 0
+    touched = hit | np.concatenate([[False], hit[:-1]])
+    return [s for k, s in enumerate(steps) if k >= warmup and not touched[k]]

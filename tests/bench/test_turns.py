@@ -1,0 +1,83 @@
+"""bench/turns.py: launches that take turns never run at once, their stopped time comes out, none is left."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from turns import TurnsError, clean_steps, stop_free, stopped_within, take_turns, unstop_run  # noqa: E402
+
+# a launch with a child in a process group of its own, as the launcher starts ranks: both note
+# when they were running, in short busy units
+TICKER = """
+import json, os, subprocess, sys, time
+child = sys.argv[2] == "parent" and subprocess.Popen([sys.executable, __file__, sys.argv[1] + ".child", "child"],
+                                                     process_group=0)
+seen, end = [], time.monotonic() + 1.2
+while time.monotonic() < end:
+    t = time.monotonic()
+    while time.monotonic() - t < 0.002:
+        pass
+    seen.append((t, time.monotonic()))
+open(sys.argv[1], "w").write(json.dumps(seen))
+if child:
+    child.wait()
+"""
+
+
+def test_launches_take_turns_and_none_is_left(tmp_path):
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    outs = [tmp_path / "a.json", tmp_path / "b.json"]
+    stops = take_turns([[sys.executable, str(script), str(o), "parent"] for o in outs], 0.1, 60,
+                       [tmp_path / "a.log", tmp_path / "b.log"])
+    units = [np.array(json.loads(Path(f).read_text())) for o in outs for f in (o, f"{o}.child")]
+    a = np.concatenate(units[:2])
+    b = np.concatenate(units[2:])
+    assert len(stops[0]) >= 3 and len(stops[1]) >= 3
+    # no busy unit of one launch ran while one of the other's did (units that straddle a stop of
+    # their own launch are long, and left out)
+    short_a, short_b = a[a[:, 1] - a[:, 0] < 0.02], b[b[:, 1] - b[:, 0] < 0.02]
+    assert len(short_a) > 100 and len(short_b) > 100
+    for t0, t1 in short_b:
+        assert not ((short_a[:, 0] < t1) & (short_a[:, 1] > t0)).any()
+    a_free = stop_free(a, stops[0])
+    # with the stops taken out, each launch's clock runs on without the other's turns
+    assert np.all(np.diff(a_free[np.argsort(a[:, 0]), 0]) >= -1e-9)
+    assert (a_free[:, 1] - a_free[:, 0]).max() < 0.2
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_failing_launch_stops_every_launch(tmp_path):
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    with pytest.raises(TurnsError, match="exited with status 3"):
+        take_turns([[sys.executable, str(script), str(tmp_path / "a.json"), "parent"],
+                    [sys.executable, "-c", "import sys; sys.exit(3)"]], 0.1, 60,
+                   [tmp_path / "a.log", tmp_path / "b.log"])
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_stopped_time_comes_out_of_times_and_steps(tmp_path):
+    stops = [(1.0, 3.0), (5.0, 6.0)]
+    assert stop_free(np.array([0.5, 3.5, 7.0]), stops).tolist() == [0.5, 1.5, 4.0]
+    assert stopped_within(np.array([0.0, 2.0]), np.array([10.0, 5.5]), stops).tolist() == [3.0, 1.5]
+    # a run of three steps whose second step held the second stop
+    run = tmp_path / "run"
+    (run / "trace_parts").mkdir(parents=True)
+    (run / "results").mkdir()
+    t_start = np.array([0.0, 3.1, 4.0, 6.6])
+    t_end = np.array([0.9, 3.9, 6.5, 7.4])
+    np.savez(run / "trace_parts" / "0.npz", t_start=t_start, t_end=t_end, step=np.array([0, 1, 1, 2]))
+    (run / "results" / "0.json").write_text(json.dumps({"step_times_s": [0.9, 3.4, 0.9]}))
+    assert clean_steps(run, 0, stops, 0) == [0.9]       # step 1 held a stop; step 2 follows it
+    unstop_run(run, stops)
+    assert np.allclose(json.loads((run / "results" / "0.json").read_text())["step_times_s"], [0.9, 2.4, 0.9])
+    with np.load(run / "trace_parts" / "0.npz") as part:
+        assert np.allclose(part["t_start"], [0.0, 1.1, 2.0, 3.6])
