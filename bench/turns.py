@@ -10,8 +10,7 @@ arrival times and the ranks' step times, so that the run reads as if it had run 
 stays is the cost of caches left cold after each stop, alike for every launch).
 
 A replay in calibrated time (an emulation) cannot be corrected so: its assistant waits on the
-wall clock, and a stop shortens what it was waiting for. `clean_steps` keeps the steps of such a
-run that no stop touched (nor the step before them).
+wall clock, and a stop shortens what it was waiting for.
 """
 
 from __future__ import annotations
@@ -167,11 +166,3 @@ def unstop_run(run_dir: Path, stops: Stops) -> None:
     if arrivals.is_file():
         np.save(arrivals, stop_free(np.load(arrivals), stops))
 
-
-def clean_steps(run_dir: Path, rank: int, stops: Stops, warmup: int) -> list[float]:
-    """The measured step times of `rank` that no stop touched, nor the step before them."""
-    steps = json.loads((Path(run_dir) / "results" / f"{rank}.json").read_text())["step_times_s"]
-    start, end = _step_windows(Path(run_dir), rank, steps)
-    hit = stopped_within(start, end, stops) > 0
-    touched = hit | np.concatenate([[False], hit[:-1]])
-    return [s for k, s in enumerate(steps) if k >= warmup and not touched[k]]
