@@ -136,8 +136,7 @@ def _classic_pair(cfg, graph, root: Path, i: int, passes: int) -> dict:
     out: dict = {}
     for what in (("real", "pred") if i % 2 == 0 else ("pred", "real")):
         if what == "real":
-            out["real"] = out["real_e"] = _mean(record(cfg, root / "record", options=RecordOptions(echo=False)),
-                                                "iteration_time_s")
+            out["real"] = _mean(record(cfg, root / "record", options=RecordOptions(echo=False)), "iteration_time_s")
             out["selfcheck"] = _selfcheck(cfg, root / "record")
             continue
         shutil.rmtree(root / "timing", ignore_errors=True)
@@ -177,7 +176,7 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
         unstop_run(run_dir, s)
     out = {"real": _figure(root / "record", world, warmup), "selfcheck": _selfcheck(cfg, root / "record")}
     out.update(_model(cfg, graph, root, 1))
-    out["emul"] = out["real_e"] = float("nan")
+    out["emul"] = float("nan")
     return out
 
 
@@ -239,18 +238,18 @@ def main() -> None:
                 unloaded = _variant(cfg, graph, root, "plain") if args.passes == 1 else None
                 pair["plain"] = float("nan") if unloaded is None else unloaded
                 pairs.append(pair)
-                p = pair
-                print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {p['real']:.4f} s  predicted {p['pred']:.4f} s "
-                      f"({_pct(p['pred'], p['real'])})  emulated {p['emul']:.4f} s ({_pct(p['emul'], p['real_e'])})  "
-                      f"with the real compute {p['oracle']:.4f} s ({_pct(p['oracle'], p['real'])})  "
-                      f"without the load {p['plain']:.4f} s ({_pct(p['plain'], p['real'])})  one pass {p['first']:.4f} s  "
-                      f"uncalibrated {p['uncal']:.4f} s", flush=True)
+                real = pair["real"]
+                print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real:.4f} s  predicted {pair['pred']:.4f} s "
+                      f"({_pct(pair['pred'], real)})  emulated {pair['emul']:.4f} s ({_pct(pair['emul'], real)})  "
+                      f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
+                      f"without the load {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
+                      f"one pass {pair['first']:.4f} s  uncalibrated {pair['uncal']:.4f} s", flush=True)
             col = {k: [p[k] for p in pairs] for k in pairs[0]}
-            real, real_e = col["real"], col["real_e"]
-            r, p, u, f, e, re = (statistics.median(col[k]) for k in ("real", "pred", "uncal", "first", "emul", "real_e"))
-            rows.append((cfg.name, r, p, e, re, f, u, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
+            real = col["real"]
+            r, p, u, f, e = (statistics.median(col[k]) for k in ("real", "pred", "uncal", "first", "emul"))
+            rows.append((cfg.name, r, p, e, f, u, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["selfcheck"])]), (max(real) - min(real)) / r,
-                         _interval(real, col["pred"]), _interval(real_e, col["emul"]),
+                         _interval(real, col["pred"]), _interval(real, col["emul"]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["oracle"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["plain"])])))
     how = (f"record and slices taking turns of {args.turns:g} s (no emulation)" if args.turns > 0
@@ -260,9 +259,9 @@ def main() -> None:
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'emulated (s)':>12} {'error':>8} {'90% interval':>15} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} {'real spread':>11}")
-    for name, r, p, e, re, f, u, pw, sc, spread, ci_p, ci_e, oc, nl in rows:
+    for name, r, p, e, f, u, pw, sc, spread, ci_p, ci_e, oc, nl in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {e:12.4f} "
-              f"{_pct(e, re):>8} {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
+              f"{_pct(e, r):>8} {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * spread:10.2f}%")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
