@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from prism_core.launch.launcher import _group_alive
+
 Stops = list[tuple[float, float]]       # (stopped at, continued at), time.monotonic
 
 
@@ -111,16 +113,6 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
                     p.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def stopped_within(start: np.ndarray, end: np.ndarray, stops: Stops) -> np.ndarray:
