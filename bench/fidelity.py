@@ -170,7 +170,7 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
             runs.append((["slice", str(j.loaded), str(graph.directory), sandbox, "1"], j.loaded))
     if i % 2:
         runs = runs[1:] + runs[:1]
-    stops = take_turns([_launch_cmd(args, cfg_args) for cfg_args, _ in runs], args.turns, 3600,
+    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox) for what, _ in runs], args.turns, 3600,
                        [root / "logs" / f"{n}.log" for n in range(len(runs))])
     for (_, run_dir), s in zip(runs, stops):
         unstop_run(run_dir, s)
@@ -180,9 +180,10 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
     return out
 
 
-def _launch_cmd(args, what: list[str]) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--launch", *what, "--config", args.current_config,
-            "--steps", str(args.steps), "--sandbox", str(args.sandbox)]
+def launch_cmd(what: list[str], config: str, steps: int, sandbox: int) -> list[str]:
+    """The command of one launch (`what`: "record OUT" or "slice OUT GRAPH SANDBOX LOADED") in a process of its own."""
+    return [sys.executable, str(Path(__file__).resolve()), "--launch", *what, "--config", config,
+            "--steps", str(steps), "--sandbox", str(sandbox)]
 
 
 def _load(name: str, steps: int, sandbox: int):
@@ -224,7 +225,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
             cfg = _load(name, args.steps, args.sandbox)
-            args.current_config = str(_config_path(name))
+            args.config_name = name
             if cfg.job.world_size > (os.cpu_count() or 1):
                 print(f"note: {cfg.name} has {cfg.job.world_size} ranks on {os.cpu_count()} cores: its real run is "
                       "oversubscribed, so the comparison says little")

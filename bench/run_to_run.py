@@ -19,10 +19,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity import _config_path, _figure, _load  # noqa: E402
+from fidelity import _figure, _load, launch_cmd  # noqa: E402
 from turns import take_turns, unstop_run  # noqa: E402
-
-FIDELITY = Path(__file__).resolve().parent / "fidelity.py"
 
 
 def main() -> None:
@@ -36,8 +34,7 @@ def main() -> None:
     world, warmup = cfg.job.world_size, cfg.job.warmup
 
     def cmd(out: Path) -> list[str]:
-        return [sys.executable, str(FIDELITY), "--launch", "record", str(out), "--config", str(_config_path(args.config)),
-                "--steps", str(args.steps), "--sandbox", "1"]
+        return launch_cmd(["record", str(out)], args.config, args.steps, 1)
 
     diffs: dict[str, list[float]] = {"one after the other": [], f"taking turns of {args.turns:g} s": []}
     with tempfile.TemporaryDirectory(prefix="prism-run-to-run-") as tmp:
