@@ -188,8 +188,7 @@ class _Job:
             self.helper = self._spawn(self.spec.helper, env, f"{HELPER}.log")
         for core in self._load_cores():
             cmd = [sys.executable, "-m", "prism_core.launch.neighbour_load", "--seconds", str(self.spec.timeout_s),
-                   "--parent", str(os.getpid()), "--flight", str(self.spec.run_dir / "flight"),
-                   "--ranks", ",".join(map(str, self.spec.started_ranks))]
+                   "--parent", str(os.getpid())]
             env = {**os.environ, ENV_CPUS: str(core), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             self.loads.append(self._spawn(cmd, env, f"neighbour_load_{core}.log"))
         for rank in self.spec.started_ranks:

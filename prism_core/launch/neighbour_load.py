@@ -10,32 +10,20 @@ small tensors (a working set of a few MiB, as a small rank's), run on one core i
 so that any thread of the assistant in the normal class takes the core from it at once; one
 in the idle class (the gloo loops) does not preempt it, so the load works in short units and
 yields the core after each. It runs until its deadline or until the launcher that started
-it is gone. A slice takes only its compute spans from a run beside the load, a run of its own
-(calibrate/durations.py).
+it is gone. It also slows the assistant's part of every collective on that core, so a slice
+takes only its compute spans from a run beside it, a run of its own (calibrate/durations.py).
 
-The load computes only while a rank of the slice computes, as the neighbours of a rank in lock
-step do: it reads the ranks' flight records (trace/flight.py) and pauses while every rank is in
-a communication call. Left running then, it took the core from the assistant's gloo loops
-(idle class too), so the ranks waited longer in every collective, and a compute span after a
-longer wait runs slower on this machine (its caches have gone cold meanwhile: a forward and
-backward pass after a 10-ms wait took 24% longer than after 0.2 ms here). In tp2, with a
-collective every few milliseconds, that made the loaded compute ~10% slower than the real run's.
-
-    python -m prism_core.launch.neighbour_load --seconds S --parent PID [--flight DIR --ranks 0,1]
+    python -m prism_core.launch.neighbour_load --seconds S --parent PID
 """
 
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
-import struct
 import sys
 import time
-from pathlib import Path
 
 CHECK_EVERY_S = 0.2
-GATE_POLL_S = 1e-4   # how often a paused load looks at the ranks again
 
 
 class Load:
@@ -61,34 +49,6 @@ class Load:
         block(self.x).square().mean().backward()
 
 
-class Gate:
-    """Open while any of `ranks` computes: its flight record's state (the record's first field)
-    is idle, not issuing or waiting. Closed until a rank's record exists (the rank is starting)."""
-
-    def __init__(self, flight_dir: Path, ranks: list[int]):
-        from prism_core.trace.flight import IDLE
-
-        self._idle = IDLE
-        self._paths = [Path(flight_dir) / f"{r}.bin" for r in ranks]
-        self._maps: list[mmap.mmap | None] = [None] * len(ranks)
-
-    def _map(self, i: int) -> mmap.mmap | None:
-        if self._maps[i] is None:
-            try:
-                with open(self._paths[i], "rb") as f:
-                    self._maps[i] = mmap.mmap(f.fileno(), 8, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):   # not there yet, or not yet its full size
-                return None
-        return self._maps[i]
-
-    def open(self) -> bool:
-        for i in range(len(self._paths)):
-            m = self._map(i)
-            if m is not None and struct.unpack_from("<q", m, 0)[0] == self._idle:
-                return True
-        return False
-
-
 def set_idle_class() -> bool:
     """This process in SCHED_IDLE (False where the platform has no such class)."""
     if not hasattr(os, "SCHED_IDLE"):
@@ -97,9 +57,8 @@ def set_idle_class() -> bool:
     return True
 
 
-def run(seconds: float, parent: int | None, gate: Gate | None = None) -> int:
-    """Run the load until `seconds` pass or `parent` is no longer this process's parent, while
-    `gate` (if any) is open; the steps run."""
+def run(seconds: float, parent: int | None) -> int:
+    """Run the load until `seconds` pass or `parent` is no longer this process's parent; the steps run."""
     step = Load()
     deadline = time.monotonic() + seconds
     done, next_check = 0, 0.0
@@ -109,9 +68,6 @@ def run(seconds: float, parent: int | None, gate: Gate | None = None) -> int:
             if now >= deadline or (parent is not None and os.getppid() != parent):
                 return done
             next_check = now + CHECK_EVERY_S
-        if gate is not None and not gate.open():
-            time.sleep(GATE_POLL_S)
-            continue
         step()
         done += 1
         os.sched_yield()
@@ -121,19 +77,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, required=True, help="run at most this long")
     parser.add_argument("--parent", type=int, default=None, help="stop when this process is gone")
-    parser.add_argument("--flight", type=Path, default=None, help="the ranks' flight records: compute only while one computes")
-    parser.add_argument("--ranks", default="", help="with --flight: the ranks to follow (comma-separated)")
     args = parser.parse_args(argv)
-    if (args.flight is None) != (not args.ranks):
-        parser.error("--flight and --ranks go together")
     from prism_core.launch.cores import bind_from_env
 
     bind_from_env()
     if not set_idle_class():
         print("neighbour load: no idle scheduling class here; not running", file=sys.stderr)
         return
-    gate = Gate(args.flight, [int(r) for r in args.ranks.split(",")]) if args.flight is not None else None
-    steps = run(args.seconds, args.parent, gate)
+    steps = run(args.seconds, args.parent)
     print(f"neighbour load: {steps} steps", file=sys.stderr)
 
 

@@ -75,34 +75,3 @@ def test_process_is_idle_class_on_its_core_and_leaves_with_its_launcher():
     finally:
         launcher.kill()
         launcher.wait()
-
-
-def test_gate_is_open_only_while_a_followed_rank_computes(tmp_path):
-    from prism_core.launch.neighbour_load import Gate
-    from prism_core.trace.flight import ISSUING, WAITING, Flight
-
-    gate = Gate(tmp_path, [0, 1])
-    assert not gate.open()                       # no rank has started yet
-    f0 = Flight(tmp_path, 0)
-    assert gate.open()                           # rank 0 computes
-    f0.set(WAITING, 1, 0, 0, 8, -1)
-    assert not gate.open()                       # rank 0 in a collective, rank 1 not started
-    f1 = Flight(tmp_path, 1)
-    f1.set(ISSUING, 1, 0, 0, 8, -1)
-    assert not gate.open()                       # both in communication
-    f1.idle()
-    assert gate.open()                           # rank 1 computes again
-    f0.idle()
-    f1.set(WAITING, 1, 0, 0, 8, -1)
-    assert gate.open()
-
-
-def test_load_runs_no_step_while_its_gate_is_closed(tmp_path):
-    from prism_core.launch.neighbour_load import Gate
-    from prism_core.trace.flight import WAITING, Flight
-
-    flight = Flight(tmp_path, 0)
-    flight.set(WAITING, 1, 0, 0, 8, -1)
-    assert run(0.5, parent=None, gate=Gate(tmp_path, [0])) == 0
-    flight.idle()
-    assert run(0.5, parent=None, gate=Gate(tmp_path, [0])) > 0
