@@ -12,6 +12,11 @@ shared and noisy: read the medians and the quartiles, not one round):
 2. wake-up: a pipe round trip from core A to a process on core B in the batch class at nice 19,
    with core B idle or running the idle-class spin yielding every 50 us or every 1 ms; the round
    trip's median and p90.
+3. after a wait: the MLP's forward and backward on core A right after a blocking pipe round
+   trip to a process on core B that holds the reply for 0.2 to 10 ms (a rank waiting in a
+   collective for its peer): the pass's median per wait and its ratio to the shortest wait.
+   Compute after a longer wait runs slower here (likely its caches went cold meanwhile): a rank
+   whose waits are longer in one run than in another computes slower in it.
 
     .venv/bin/python bench/neighbour.py [--rounds 10]
 """
@@ -159,6 +164,56 @@ def wake_table(core_a: int, core_b: int, rounds: int) -> None:
         print(f"{name:<20} {1e6 * statistics.median(values):11.1f} {1e6 * values[int(0.9 * len(values))]:9.1f}")
 
 
+HOLD = """
+import os, struct, time
+while True:
+    b = os.read(0, 4)
+    if len(b) < 4:
+        break
+    time.sleep(struct.unpack("<i", b)[0] / 1e6)
+    os.write(1, b"x")
+"""
+WAITS_US = (200, 1000, 3000, 10000)
+
+
+def wait_table(core_a: int, core_b: int, rounds: int) -> None:
+    import struct
+
+    import torch
+
+    os.sched_setaffinity(0, {core_a})
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = eval(_MLP, {"torch": torch})
+    x = torch.randn(64, 256)
+    hold = _start(HOLD, core_b, pipes=True)
+    got: dict[int, list[float]] = {w: [] for w in WAITS_US}
+    try:
+        for _ in range(rounds):
+            for w in WAITS_US:
+                times = []
+                for _ in range(20):
+                    hold.stdin.write(struct.pack("<i", w))
+                    hold.stdin.flush()
+                    hold.stdout.read(1)
+                    t = time.perf_counter()
+                    model.zero_grad(set_to_none=True)
+                    model(x).square().mean().backward()
+                    times.append(time.perf_counter() - t)
+                got[w].append(statistics.median(times[2:]))
+        hold.stdin.close()
+        hold.wait(timeout=10)
+    finally:
+        _stop(hold)
+    base = statistics.median(got[WAITS_US[0]])
+    print(f"\ncompute on core {core_a} right after a blocking wait on core {core_b}, torch MLP forward + backward, "
+          f"{rounds} rounds x 18 passes per wait")
+    print(f"{'wait (ms)':<10} {'median (ms)':>11} {'vs 0.2 ms':>10} {'quartiles (ms)':>17}")
+    for w, values in got.items():
+        q1, med, q3 = _quartiles(values)
+        print(f"{w / 1e3:<10g} {1e3 * med:11.3f} {100 * (med / base - 1):+9.1f}% {1e3 * q1:8.3f}-{1e3 * q3:<8.3f}")
+
+
 def _round_trip(echo: subprocess.Popen) -> float:
     t = time.perf_counter()
     echo.stdin.write(b"x")
@@ -176,6 +231,7 @@ def main() -> None:
         sys.exit("bench/neighbour.py needs two cores")
     compute_table(cores[0], cores[1], args.rounds)
     wake_table(cores[0], cores[1], max(1, args.rounds // 3))
+    wait_table(cores[0], cores[1], args.rounds)
 
 
 if __name__ == "__main__":
