@@ -94,22 +94,31 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(values), q[-1]
 
 
-def compute_table(core_a: int, core_b: int, rounds: int) -> None:
+def _mlp_pass(core: int):
+    """One forward and backward pass of the MLP (single-threaded, this process bound to `core`), as a function."""
     import torch
 
-    os.sched_setaffinity(0, {core_a})
+    os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = eval(_MLP, {"torch": torch})
     x = torch.randn(64, 256)
+
+    def one() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+    return one
+
+
+def compute_table(core_a: int, core_b: int, rounds: int) -> None:
+    one = _mlp_pass(core_a)
 
     def passes(n: int = 20) -> float:
         times = []
         for _ in range(n):
             t = time.perf_counter()
             for _ in range(5):
-                model.zero_grad(set_to_none=True)
-                model(x).square().mean().backward()
+                one()
             times.append(time.perf_counter() - t)
         return statistics.median(times)
 
@@ -179,13 +188,7 @@ WAITS_US = (200, 1000, 3000, 10000)
 def wait_table(core_a: int, core_b: int, rounds: int) -> None:
     import struct
 
-    import torch
-
-    os.sched_setaffinity(0, {core_a})
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = eval(_MLP, {"torch": torch})
-    x = torch.randn(64, 256)
+    one = _mlp_pass(core_a)
     hold = _start(HOLD, core_b, pipes=True)
     got: dict[int, list[float]] = {w: [] for w in WAITS_US}
     try:
@@ -197,8 +200,7 @@ def wait_table(core_a: int, core_b: int, rounds: int) -> None:
                     hold.stdin.flush()
                     hold.stdout.read(1)
                     t = time.perf_counter()
-                    model.zero_grad(set_to_none=True)
-                    model(x).square().mean().backward()
+                    one()
                     times.append(time.perf_counter() - t)
                 got[w].append(statistics.median(times[2:]))
         hold.stdin.close()
