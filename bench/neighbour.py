@@ -110,6 +110,16 @@ def _mlp_pass(core: int):
     return one
 
 
+def _ratio_table(title: str, first: str, base: str, got: dict[str, list[float]]) -> None:
+    """Per row, the median of its rounds (ms), its ratio to row `base`'s median, and its quartiles."""
+    ref = statistics.median(got[base])
+    print(f"\n{title}")
+    print(f"{first:<20} {'median (ms)':>11} {'vs ' + base:>10} {'quartiles (ms)':>17}")
+    for name, values in got.items():
+        q1, med, q3 = _quartiles(values)
+        print(f"{name:<20} {1e3 * med:11.3f} {100 * (med / ref - 1):+9.1f}% {1e3 * q1:8.3f}-{1e3 * q3:<8.3f}")
+
+
 def compute_table(core_a: int, core_b: int, rounds: int) -> None:
     one = _mlp_pass(core_a)
 
@@ -133,13 +143,8 @@ def compute_table(core_a: int, core_b: int, rounds: int) -> None:
             finally:
                 _stop(proc)
         print(f"compute round {i + 1}/{rounds}", file=sys.stderr, flush=True)
-    base = statistics.median(got["idle"])
-    print(f"\ncompute on core {core_a}, torch MLP forward + backward x5 (single thread), {rounds} rounds; "
-          f"core {core_b} as named")
-    print(f"{'core ' + str(core_b):<20} {'median (ms)':>11} {'vs idle':>8} {'quartiles (ms)':>17}")
-    for name, values in got.items():
-        q1, med, q3 = _quartiles(values)
-        print(f"{name:<20} {1e3 * med:11.2f} {100 * (med / base - 1):+7.1f}% {1e3 * q1:8.2f}-{1e3 * q3:<8.2f}")
+    _ratio_table(f"compute on core {core_a}, torch MLP forward + backward x5 (single thread), {rounds} rounds; "
+                 f"core {core_b} as named", f"core {core_b}", "idle", got)
 
 
 def wake_table(core_a: int, core_b: int, rounds: int) -> None:
@@ -207,13 +212,9 @@ def wait_table(core_a: int, core_b: int, rounds: int) -> None:
         hold.wait(timeout=10)
     finally:
         _stop(hold)
-    base = statistics.median(got[WAITS_US[0]])
-    print(f"\ncompute on core {core_a} right after a blocking wait on core {core_b}, torch MLP forward + backward, "
-          f"{rounds} rounds x 18 passes per wait")
-    print(f"{'wait (ms)':<10} {'median (ms)':>11} {'vs 0.2 ms':>10} {'quartiles (ms)':>17}")
-    for w, values in got.items():
-        q1, med, q3 = _quartiles(values)
-        print(f"{w / 1e3:<10g} {1e3 * med:11.3f} {100 * (med / base - 1):+9.1f}% {1e3 * q1:8.3f}-{1e3 * q3:<8.3f}")
+    _ratio_table(f"compute on core {core_a} right after a blocking wait on core {core_b}, torch MLP forward + "
+                 f"backward, {rounds} rounds x 18 passes per wait", "wait (ms)", f"{WAITS_US[0] / 1e3:g}",
+                 {f"{w / 1e3:g}": values for w, values in got.items()})
 
 
 def _round_trip(echo: subprocess.Popen) -> float:
