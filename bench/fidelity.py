@@ -40,12 +40,13 @@ import numpy as np
 from prism_core.calibrate import predict
 from prism_core.calibrate.durations import load_ran, slice_timings, with_loaded_compute
 from prism_core.calibrate.predict import predict_from, timed_ranks
-from prism_core.calibrate.stage import plan_orders, slice_jobs, time_and_calibrate
+from prism_core.calibrate.stage import co_runs, plan_orders, slice_jobs, time_and_calibrate
 from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.emulate.stage import emulate
+from prism_core.launch.cores import machine_cores
 from prism_core.record import RecordOptions, record
-from prism_core.replay.slices import run_slice
+from prism_core.replay.slices import run_slice, run_together
 from prism_core.trace import load_trace
 from prism_core.trace.matching import match_ops
 
@@ -162,43 +163,57 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
         shutil.rmtree(root / sub, ignore_errors=True)
     (root / "logs").mkdir(parents=True)
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
-    runs = [(["record", str(root / "record")], root / "record")]
+    runs = [(["record", str(root / "record")], [root / "record"])]
     for j in jobs:
-        sandbox = ",".join(map(str, j.sandbox))
-        runs.append((["slice", str(j.directory), str(graph.directory), sandbox, "0"], j.directory))
-        if j.loaded is not None:
-            runs.append((["slice", str(j.loaded), str(graph.directory), sandbox, "1"], j.loaded))
+        runs.append((["slice", str(j.directory), str(graph.directory), _ranks(j.sandbox), "0"], [j.directory]))
+        if j.loaded is not None and cfg.emulation.neighbours == "stand_in":
+            runs.append((["slice", str(j.loaded), str(graph.directory), _ranks(j.sandbox), "1"], [j.loaded]))
+    if cfg.emulation.neighbours == "co_run":
+        for group in co_runs(jobs, len(machine_cores()), cfg.emulation.sandbox):
+            runs.append((["co-run", str(graph.directory), *(x for sb, d in group for x in (str(d), _ranks(sb)))],
+                         [d for _, d in group]))
     if i % 2:
         runs = runs[1:] + runs[:1]
-    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox) for what, _ in runs], args.turns, 3600,
+    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs], args.turns, 3600,
                        [root / "logs" / f"{n}.log" for n in range(len(runs))])
-    for (_, run_dir), s in zip(runs, stops):
-        unstop_run(run_dir, s)
+    for (_, run_dirs), s in zip(runs, stops):
+        for run_dir in run_dirs:
+            unstop_run(run_dir, s)
     out = {"real": _figure(root / "record", world, warmup), "selfcheck": _selfcheck(cfg, root / "record")}
     out.update(_model(cfg, graph, root, 1))
     out["emul"] = float("nan")
     return out
 
 
-def launch_cmd(what: list[str], config: str, steps: int, sandbox: int) -> list[str]:
-    """The command of one launch (`what`: "record OUT" or "slice OUT GRAPH SANDBOX LOADED") in a process of its own."""
+def _ranks(sandbox: list[int]) -> str:
+    return ",".join(map(str, sandbox))
+
+
+def launch_cmd(what: list[str], config: str, steps: int, sandbox: int, neighbours: str) -> list[str]:
+    """The command of one launch (`what`: "record OUT", "slice OUT GRAPH SANDBOX LOADED" or
+    "co-run GRAPH OUT SANDBOX [OUT SANDBOX ...]") in a process of its own."""
     return [sys.executable, str(Path(__file__).resolve()), "--launch", *what, "--config", config,
-            "--steps", str(steps), "--sandbox", str(sandbox)]
+            "--steps", str(steps), "--sandbox", str(sandbox), "--neighbours", neighbours]
 
 
-def _load(name: str, steps: int, sandbox: int):
-    return load_config(_config_path(name), [f"job.iterations={steps}", "job.warmup=3", f"emulation.sandbox={sandbox}"])
+def _load(name: str, steps: int, sandbox: int, neighbours: str = "co_run"):
+    return load_config(_config_path(name), [f"job.iterations={steps}", "job.warmup=3", f"emulation.sandbox={sandbox}",
+                                            f"emulation.neighbours={neighbours}"])
 
 
 def _launch(args) -> None:
     """One launch of a pair that takes turns (run in a process of its own)."""
-    cfg = _load(args.config, args.steps, args.sandbox)
+    cfg = _load(args.config, args.steps, args.sandbox, args.neighbours)
     kind, out, *rest = args.launch
     if kind == "record":
         record(cfg, Path(out), options=RecordOptions(echo=False))
     elif kind == "slice":
         graph, sandbox, loaded = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), neighbour_load=loaded == "1")
+    elif kind == "co-run":
+        graph, rest = out, rest
+        members = [([int(r) for r in sb.split(",")], Path(d)) for d, sb in zip(rest[0::2], rest[1::2])]
+        run_together(cfg, Path(graph), members, machine_cores())
     else:
         raise SystemExit(f"unknown launch {kind!r}")
 
@@ -213,6 +228,8 @@ def main() -> None:
     parser.add_argument("--turns", type=float, default=0.0,
                         help="> 0: the runs of a pair take turns of this many seconds (bench/turns.py); "
                              "0: one after the other")
+    parser.add_argument("--neighbours", choices=("co_run", "stand_in"), default="co_run",
+                        help="what computes beside the slices' loaded runs (emulation.neighbours)")
     parser.add_argument("--launch", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -224,7 +241,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
-            cfg = _load(name, args.steps, args.sandbox)
+            cfg = _load(name, args.steps, args.sandbox, args.neighbours)
             args.config_name = name
             if cfg.job.world_size > (os.cpu_count() or 1):
                 print(f"note: {cfg.name} has {cfg.job.world_size} ranks on {os.cpu_count()} cores: its real run is "

@@ -34,7 +34,7 @@ def main() -> None:
     world, warmup = cfg.job.world_size, cfg.job.warmup
 
     def cmd(out: Path) -> list[str]:
-        return launch_cmd(["record", str(out)], args.config, args.steps, 1)
+        return launch_cmd(["record", str(out)], args.config, args.steps, 1, "co_run")
 
     diffs: dict[str, list[float]] = {"one after the other": [], f"taking turns of {args.turns:g} s": []}
     with tempfile.TemporaryDirectory(prefix="prism-run-to-run-") as tmp:

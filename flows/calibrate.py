@@ -24,9 +24,10 @@ from prefect_dask import DaskTaskRunner
 
 from flows.artifacts import Progress, echo
 from flows.collect import collect_stage, stage_key, unfinished
-from prism_core.calibrate.stage import calibrate_pass, finish_passes, slice_jobs
+from prism_core.calibrate.stage import calibrate_pass, co_runs, finish_passes, slice_jobs
 from prism_core.config import PrismConfig, config_from_dict, config_to_dict, load_config
-from prism_core.replay.slices import SLICE_DONE, run_slice
+from prism_core.launch.cores import machine_cores
+from prism_core.replay.slices import CO_RUN, SLICE_DONE, run_slice, run_together
 from prism_core.trace import STORE_NAME, load_trace
 
 logging.getLogger("distributed").setLevel(logging.WARNING)   # Dask's own chatter; Prefect logs the slices
@@ -69,6 +70,23 @@ def loaded_slice_task(config: dict, graph_dir: str, index: int, sandbox: list[in
     """Run one slice beside a compute load on the assistant's cores (its compute spans), or reuse it."""
     run_slice(config_from_dict(config), Path(graph_dir), sandbox, Path(directory), neighbour_load=True)
     return directory
+
+
+def _co_run_cache_key(context, parameters: dict) -> str:
+    return stage_key("co-run", Path(parameters["members"][0][1]))    # a co-run's first member names it
+
+
+@task(name="time-co-run", task_run_name="co-run {index}: slices of ranks {ranks}", cache_key_fn=_co_run_cache_key)
+def co_run_task(config: dict, graph_dir: str, index: int, ranks: list[list[int]], members: list[list]) -> list[str]:
+    """Run slices at once on the worker's cores (their compute spans beside the job's own
+    ranks, replay/slices.py `run_together`), or reuse the co-run."""
+    run_together(config_from_dict(config), Path(graph_dir), [(list(sb), Path(d)) for sb, d in members],
+                 machine_cores())
+    return [d for _, d in members]
+
+
+def _co_run_unfinished(members: list[tuple[list[int], Path]]) -> bool:
+    return any(unfinished(Path(d), name) for _, d in members for name in (SLICE_DONE, CO_RUN))
 
 
 @task(name="calibrate", task_run_name="calibrate pass {timing_pass}")
@@ -140,10 +158,15 @@ def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -
             futures = [slice_task.with_options(refresh_cache=unfinished(job.directory, SLICE_DONE)).submit(
                 config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing) for job in jobs]
         loaded = [job for job in jobs if job.loaded is not None and n == 1]
-        # a loaded run takes a whole worker: its load must run beside no other slice (launch/cores.py)
+        # a loaded run takes a whole worker: it runs beside no other slice (launch/cores.py)
         with dask.annotate(resources={"slots": _most_slots() or local_slots(cfg.emulation.sandbox)}):
-            futures += [loaded_slice_task.with_options(refresh_cache=unfinished(job.loaded, SLICE_DONE)).submit(
-                config, graph_dir, job.index, job.sandbox, str(job.loaded)) for job in loaded]
+            if cfg.emulation.neighbours == "stand_in":
+                futures += [loaded_slice_task.with_options(refresh_cache=unfinished(job.loaded, SLICE_DONE)).submit(
+                    config, graph_dir, job.index, job.sandbox, str(job.loaded)) for job in loaded]
+            else:
+                for i, group in enumerate(co_runs(loaded, len(machine_cores()), cfg.emulation.sandbox)):
+                    futures.append(co_run_task.with_options(refresh_cache=_co_run_unfinished(group)).submit(
+                        config, graph_dir, i, [sb for sb, _ in group], [[sb, str(d)] for sb, d in group]))
         what = "slices and their loaded runs" if loaded else "slices"
         progress = Progress(f"timing pass {n}: {what}", len(futures), echo=echo)
         try:

@@ -103,7 +103,11 @@ class EmulationConfig(_Strict):
     loaded_compute: bool = Field(True, description="slices bound to cores run once more with a compute load on "
                                                    "the assistant's cores, and compute nodes take their spans from "
                                                    "that run: in the full job a rank's neighbours compute too, "
-                                                   "sharing its caches and memory (launch/neighbour_load.py)")
+                                                   "sharing its caches and memory")
+    neighbours: Literal["co_run", "stand_in"] = Field(
+        "co_run", description="what computes beside a slice's loaded run: co_run, other slices of the job run "
+                              "at once on the other cores (replay/slices.py); stand_in, a small MLP load on the "
+                              "assistant's cores (launch/neighbour_load.py)")
     rules: list[str] = Field(default_factory=list, description="extra tensor rules, as module:function")
     dp_dedup: bool = Field(True, description="rules mode, built-in workloads: collect one DP replica and rename it "
                                              "to all; valid only when replicas run the same structure (not with "

@@ -11,9 +11,10 @@ monotonic clock) and the assistant's issue time of every virtual node. For each 
 - a wait: what it took after the op had completed; for a point-to-point op seen complete only
   at its wait, whose peer was there before the wait began, all the wait took (see below).
 
-With a loaded run of the slice (the same ranks beside a compute load on the assistant's cores,
-standing for the neighbours that compute beside a rank in the full job), compute nodes take
-their spans from it and everything else from the plain run, whose assistant had its core alone.
+With a loaded run of the slice (the same ranks run again beside the job's other ranks — a
+co-run of several slices at once — or beside a stand-in compute load on the assistant's cores:
+the neighbours that compute beside a rank in the full job), compute nodes take their spans from
+it and everything else from the plain run, whose assistant had its core alone.
 Collectives whose members were timed in different runs give every member the members' mean
 transfer (`pool_member_noise`).
 
@@ -94,8 +95,13 @@ def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[in
 
 
 def load_ran(slice_dir: Path) -> bool:
-    """Whether a slice's launch ran the neighbour load to its end (it starts one only when bound
-    to cores, alone on the machine)."""
+    """Whether a loaded run had its neighbours: a co-run whose members all ran bound to their
+    cores, or a launch that ran the stand-in load to its end (it starts one only when bound to
+    cores, alone on the machine)."""
+    from prism_core.replay.slices import CO_RUN
+
+    if (Path(slice_dir) / CO_RUN).is_file():
+        return True
     placement = Path(slice_dir) / "placement.json"
     if not placement.is_file():
         return False

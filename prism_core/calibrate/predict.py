@@ -116,7 +116,7 @@ def prediction_metrics(cfg: PrismConfig, prediction: Prediction) -> dict:
     doc = metrics_document("predicted", cfg.job.world_size, ranks)
     doc["calibration_rounds"] = prediction.rounds
     if prediction.loaded is not None:
-        doc["loaded_compute"] = prediction.loaded
+        doc["loaded_compute"] = {**prediction.loaded, "neighbours": cfg.emulation.neighbours}
     oom = sorted(r for r, e in ranks.items() if e["oom"])
     if oom:
         step = min(ranks[r]["oom_step"] for r in oom)

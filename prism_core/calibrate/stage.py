@@ -20,7 +20,7 @@ from prism_core.calibrate.predict import predict, prediction_metrics
 from prism_core.config import PrismConfig
 from prism_core.launch.cores import machine_cores
 from prism_core.metrics import write_metrics
-from prism_core.replay.slices import TimingPlan, plan_slices, run_slice, slice_key
+from prism_core.replay.slices import TimingPlan, plan_slices, run_slice, run_together, slice_key
 from prism_core.topology import Topology
 from prism_core.trace import Trace
 
@@ -30,7 +30,7 @@ class SliceJob:
     index: int
     sandbox: list[int]
     directory: Path
-    loaded: Path | None = None    # the same slice run with the neighbour load, for compute spans
+    loaded: Path | None = None    # the same slice run beside its neighbours (a co-run) or the stand-in load
 
 
 def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Path,
@@ -55,10 +55,38 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
 
 
 def loaded_runs(cfg: PrismConfig) -> bool:
-    """Whether slices also run beside the neighbour load: asked for, and the slice's ranks and the
-    assistant can each have a core of this machine (the load runs on the assistant's)."""
+    """Whether slices also run beside neighbours: asked for, bound to cores, and the machine has
+    cores for two slices' ranks (a co-run) or for a slice's ranks and the assistant (the stand-in
+    load runs on the assistant's core)."""
+    cores, s = len(machine_cores()), cfg.emulation.sandbox
     return (cfg.emulation.loaded_compute and cfg.job.cpu_binding == "core"
-            and len(machine_cores()) > cfg.emulation.sandbox)
+            and (cores >= 2 * s if cfg.emulation.neighbours == "co_run" else cores > s))
+
+
+def co_runs(jobs: list[SliceJob], cores: int, sandbox: int) -> list[list[tuple[list[int], Path]]]:
+    """The loaded runs of `jobs` in co-runs of `cores // sandbox` slices each, in order; the last
+    one filled up with twins of the first slices (`<loaded dir>_twin<k>`, the same ranks run again
+    in a directory of their own, whose spans are not used), so that every member has neighbours."""
+    members = [(j.sandbox, j.loaded) for j in jobs if j.loaded is not None]
+    size = max(cores // sandbox, 1)
+    groups = [members[i:i + size] for i in range(0, len(members), size)]
+    if groups and len(groups[-1]) < size and len(members) > 0:
+        fill = size - len(groups[-1])
+        groups[-1] = groups[-1] + [(sb, d.with_name(f"{d.name}_twin{k}"))
+                                   for k, (sb, d) in enumerate((members * size)[:fill])]
+    return groups
+
+
+def run_loaded(cfg: PrismConfig, graph_dir: Path, jobs: list[SliceJob]) -> None:
+    """The slices' loaded runs on this machine: co-runs, or each slice beside the stand-in load."""
+    if cfg.emulation.neighbours == "stand_in":
+        for job in jobs:
+            if job.loaded is not None:
+                run_slice(cfg, graph_dir, job.sandbox, job.loaded, neighbour_load=True)
+        return
+    cores = machine_cores()
+    for group in co_runs(jobs, len(cores), cfg.emulation.sandbox):
+        run_together(cfg, graph_dir, group, cores)
 
 
 def _digest(path: Path) -> str:
@@ -80,8 +108,8 @@ def time_and_calibrate(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_r
             out = run_slice(cfg, graph_dir, job.sandbox, job.directory, timing)
             if on_slice is not None:
                 on_slice(n, job, out)
-            if job.loaded is not None:
-                run_slice(cfg, graph_dir, job.sandbox, job.loaded, neighbour_load=True)
+        if n == 0:
+            run_loaded(cfg, graph_dir, jobs)
         document, timing = calibrate_pass(cfg, trace, plan, jobs, out_dir, n)
         documents.append(document)
     return finish_passes(out_dir, documents)

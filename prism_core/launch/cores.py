@@ -14,7 +14,10 @@ Placement is per launch and process-wide: concurrent launches (Dask's slices) ne
 rank core. A launch that does not fit runs unbound, and says so in its `placement.json`.
 `job.cpu_binding: none` turns binding off. A launch may also ask for cores for a neighbour
 load (launch/neighbour_load.py): it gets them only while no other launch is placed, and holds
-them, so that the load never runs beside another launch's ranks or assistant.
+them, so that the load never runs beside another launch's ranks or assistant. The launches of
+a co-run (replay/slices.py `run_together`) are each given their ranks' cores (`place_on`), each
+assistant on its own slice's cores: it then takes no time from the other slices' ranks, whose
+compute spans are what a co-run measures.
 """
 
 from __future__ import annotations
@@ -79,6 +82,24 @@ def place(ranks: list[int], helper: bool, loads: int = 0) -> tuple[Placement | N
         _held.update(loaded)
         _placed += 1
     return Placement(dict(zip(ranks, chosen)), rest, loaded), ""
+
+
+def place_on(ranks: list[int], cores: list[int]) -> tuple[Placement | None, str]:
+    """Each of `ranks` on the core given for it, the helper on those same cores; or None and why
+    not (a core outside the machine's, or held by another launch)."""
+    global _placed
+    machine = machine_cores()
+    if not machine:
+        return None, "this platform cannot bind a process to cores"
+    with _lock:
+        unknown = [c for c in cores if c not in machine]
+        taken = [c for c in cores if c in _held]
+        if unknown or taken or len(set(cores)) != len(ranks):
+            return None, (f"cores {cores} for ranks {ranks}: " + (f"{unknown} not on this machine" if unknown else
+                          f"{taken} held by another launch" if taken else "one core per rank needed"))
+        _held.update(cores)
+        _placed += 1
+    return Placement(dict(zip(ranks, cores)), sorted(cores), []), ""
 
 
 def bind_from_env() -> None:

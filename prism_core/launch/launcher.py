@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism_core.launch.cores import ENV_CPUS, Placement, place
+from prism_core.launch.cores import ENV_CPUS, Placement, place, place_on
 from prism_core.runtime import write_json_atomic
 
 KILL_GRACE_S = 3.0
@@ -58,6 +58,7 @@ class LaunchSpec:
     progress: Callable[[int], None] | None = None  # called with the steps every started rank has done
     bind_cores: bool = False  # each started rank on a core of its own, when they fit (launch/cores.py)
     neighbour_load: bool = False  # bound, with a helper, alone: compute on the helper's cores (launch/neighbour_load.py)
+    cores: list[int] | None = None  # one launch of a co-run: its started ranks on these cores, the helper too
 
     @property
     def started_ranks(self) -> list[int]:
@@ -205,7 +206,10 @@ class _Job:
         if self.spec.bind_cores:
             # as many loads as the job has ranks besides the launched ones, on the helper's cores
             loads = self.spec.world_size - len(self.spec.started_ranks) if self.spec.neighbour_load else 0
-            self.placement, why = place(self.spec.started_ranks, self.spec.helper is not None, max(loads, 0))
+            if self.spec.cores is not None:
+                self.placement, why = place_on(self.spec.started_ranks, self.spec.cores)
+            else:
+                self.placement, why = place(self.spec.started_ranks, self.spec.helper is not None, max(loads, 0))
             if self.placement is None:
                 doc = {"bound": False, "reason": why}
             else:

@@ -8,6 +8,13 @@ runs the same structure (the other replicas take their durations by renaming), o
 all ranks; every timed rank is real in exactly one slice.
 
 A slice's directory holds `slice.json` once it has succeeded; a rerun skips such slices.
+
+A co-run (`run_together`) runs several slices at once, each slice's ranks and its assistant on
+cores of their own: every real rank then computes beside real ranks of the job running the same
+program, as in the full job, where a slice alone would leave the machine's other cores idle.
+The calibration takes compute spans from it (calibrate/durations.py). Each assistant shares its
+slice's cores (its gloo loops, idle class, run while its ranks wait), so that it takes no time
+from the other slices' ranks.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +41,7 @@ from prism_core.topology import Topology
 from prism_core.trace import Trace
 
 SLICE_DONE = "slice.json"
+CO_RUN = "co_run.json"     # in each member of a co-run that finished with every member bound to its cores
 
 
 @dataclass
@@ -95,7 +104,7 @@ class SliceOutput:
 
 
 def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
-              timing: Path | None = None, neighbour_load: bool = False) -> SliceOutput:
+              timing: Path | None = None, neighbour_load: bool = False, cores: list[int] | None = None) -> SliceOutput:
     """Run one slice (or reuse a finished one): sandbox ranks real, the rest replayed by the assistant.
 
     `timing`: a calibrated `timeline.npz`; the virtual ranks then replay in calibrated time.
@@ -106,19 +115,22 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
     if (out_dir / SLICE_DONE).is_file():
         return SliceOutput(out_dir, sorted(sandbox), True)
     unbounded = cfg.model_copy(update={"job": cfg.job.model_copy(update={"device_memory_bytes": None})})
-    results = run_with_assistant(unbounded, graph_dir, sandbox, out_dir, timing, neighbour_load=neighbour_load)
+    results = run_with_assistant(unbounded, graph_dir, sandbox, out_dir, timing, neighbour_load=neighbour_load,
+                                 cores=cores)
     write_json_atomic(out_dir / SLICE_DONE, {"sandbox": sorted(sandbox), "pid": os.getpid(),
                                              "steps": {str(r): len(res["step_times_s"]) for r, res in results.items()}})
     return SliceOutput(out_dir, sorted(sandbox), False)
 
 
 def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
-                       timing: Path | None = None, progress=None, neighbour_load: bool = False) -> dict[int, dict]:
+                       timing: Path | None = None, progress=None, neighbour_load: bool = False,
+                       cores: list[int] | None = None) -> dict[int, dict]:
     """Launch the sandbox ranks (the real program, instrumented as in `prism record`) and the replay
     assistant for every other rank; return each sandbox rank's result or raise `LaunchError`.
 
     Used by the slices (structure only, or a refining pass) and by the emulation (calibrated time).
-    `progress(steps)`: called as the steps every sandbox rank has completed grow.
+    `progress(steps)`: called as the steps every sandbox rank has completed grow. `cores`: the
+    sandbox ranks' cores, when bound (one member of a co-run, `run_together`).
     """
     out_dir = Path(out_dir)
     for sub in ("results", "errors", "trace_parts", "flight", "logs", "replay"):
@@ -141,5 +153,51 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
                       helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
-                      neighbour_load=neighbour_load)
+                      neighbour_load=neighbour_load, cores=cores)
     return launch(spec)
+
+
+def run_together(cfg: PrismConfig, graph_dir: Path, members: list[tuple[list[int], Path]],
+                 cores: list[int]) -> list[SliceOutput]:
+    """Run the slices `members` (sandbox ranks, directory) at once: a co-run, or reuse it.
+
+    The members' ranks take `cores` in order (one each), each member's assistant its ranks'
+    cores; every member has `co_run.json` when
+    all of them finished bound to their cores. A co-run is reused only whole: one member left
+    unfinished runs them all again, so that no member's spans come from a run without the others.
+    The first member to fail raises its error once every member has ended (the others run on,
+    their peers being their own assistants').
+    """
+    need = sum(len(sandbox) for sandbox, _ in members)
+    if need > len(cores):
+        raise ValueError(f"a co-run of {need} ranks needs as many cores; {len(cores)} given")
+    dirs = [Path(d) for _, d in members]
+    if all((d / SLICE_DONE).is_file() and (d / CO_RUN).is_file() for d in dirs):
+        return [SliceOutput(d, sorted(sandbox), True) for (sandbox, _), d in zip(members, dirs)]
+    for d in dirs:
+        for name in (SLICE_DONE, CO_RUN):
+            (d / name).unlink(missing_ok=True)
+    errors: list[BaseException | None] = [None] * len(members)
+
+    def one(i: int, sandbox: list[int], first_core: int) -> None:
+        try:
+            run_slice(cfg, graph_dir, sandbox, dirs[i], cores=cores[first_core:first_core + len(sandbox)])
+        except BaseException as err:      # re-raised below, in the caller's thread
+            errors[i] = err
+
+    threads, at = [], 0
+    for i, (sandbox, _) in enumerate(members):
+        threads.append(threading.Thread(target=one, args=(i, sorted(sandbox), at), name=f"co-run member {i}"))
+        at += len(sandbox)
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [e for e in errors if e is not None]
+    if failed:
+        raise failed[0]
+    bound = all(json.loads((d / "placement.json").read_text()).get("bound") for d in dirs)
+    if bound:
+        for d in dirs:
+            write_json_atomic(d / CO_RUN, {"members": [str(x) for x in dirs]})
+    return [SliceOutput(d, sorted(sandbox), False) for (sandbox, _), d in zip(members, dirs)]

@@ -70,7 +70,9 @@ def test_slices_run_on_an_existing_scheduler_and_worker(prefect_server, tmp_path
             client.wait_for_workers(1, timeout=60)
         config, script = make_job(tmp_path, BODY, name="multi", iterations=3, timeout_s=120,
                                   loaded_compute=True)     # the loaded runs too take the whole worker
-        doc = run_calibrate(str(config), ["emulation.sandbox=1"], str(tmp_path / "calibrate"), address,
+        # the stand-in load here: the co-runs' own flow path is tested in test_calibrate_flow.py
+        doc = run_calibrate(str(config), ["emulation.sandbox=1", "emulation.neighbours=stand_in"],
+                            str(tmp_path / "calibrate"), address,
                             root=str(tmp_path / "stages"))
         assert doc["mode"] == "predicted" and set(doc["ranks"]) == {"0", "1"}
         ran = [json.loads(p.read_text())["pid"] for p in (tmp_path / "stages" / "timing").rglob("slice.json")]

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from prism_core.launch import cores
-from prism_core.launch.cores import ENV_CPUS, bind_from_env, place
+from prism_core.launch.cores import ENV_CPUS, bind_from_env, place, place_on
 
 
 @pytest.fixture
@@ -52,6 +52,23 @@ def test_load_cores_go_to_a_launch_placed_alone_and_are_held_from_later_ones(fou
     c.release()
     d, _ = place([7], helper=True, loads=1)
     assert d.loads == [1]
+
+
+def test_co_run_launches_take_the_cores_given_their_assistants_too(four_cores):
+    a, _ = place_on([0], [0])
+    b, _ = place_on([1], [1])
+    assert a.ranks == {0: 0} and b.ranks == {1: 1} and a.helper == [0] and b.helper == [1]
+    c, why = place_on([0], [1])
+    assert c is None and "[1] held by another launch" in why
+    d, why = place([5], helper=True)          # a plain slice: core 0 is held, core 2 is free
+    assert d.ranks == {5: 2}
+    b.release()
+    e, _ = place_on([7], [1])
+    assert e.ranks == {7: 1}
+    f, why = place_on([8], [9])
+    assert f is None and "[9] not on this machine" in why
+    g, why = place_on([8, 9], [3, 3])
+    assert g is None and "one core per rank" in why
 
 
 def test_too_few_cores_leaves_the_launch_unbound(monkeypatch):

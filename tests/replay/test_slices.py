@@ -22,11 +22,11 @@ from prism_core.config import config_from_dict, load_config
 from prism_core.launch import LaunchError
 from prism_core.launch.cores import machine_cores
 from prism_core.record import RecordOptions, record
-from prism_core.replay.slices import SLICE_DONE, plan_slices, run_slice
+from prism_core.replay.slices import CO_RUN, SLICE_DONE, plan_slices, run_slice
 from prism_core.trace.matching import match_ops
 from prism_core.trace.schema import COMM, COMPUTE, P2P_OPS, WAIT
 
-from tests.jobs import CRASH_IN_SLICE_SCRIPT, our_load, assert_nothing_left, make_job
+from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_nothing_left, make_job
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -64,19 +64,23 @@ def test_moe_pp2_slices_predict_every_rank_with_the_real_runs_memory(tmp_path):
 
 
 def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) -> None:
-    """Compute nodes take their spans from the slice's run beside the neighbour load; waits and
-    point-to-point ops theirs from the plain run (collectives are pooled across slices)."""
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if our_load(p.info["cmdline"] or [])]
-    assert not left, f"neighbour loads left running: {left}"
-    if len(machine_cores()) < 2:     # no core for the assistant, so none for the load: no loaded runs
+    """Compute nodes take their spans from the slices' co-run (the two slices at once, each rank
+    on a core of its own with its assistant); waits and point-to-point ops theirs from the
+    plain runs (collectives are pooled across slices)."""
+    if len(machine_cores()) < 2:     # no core for a second slice: no loaded runs
         assert "loaded_compute" not in document and all(j.loaded is None for j in jobs)
         return
     assert document["loaded_compute"]["slices"] == document["loaded_compute"]["of"] == len(jobs)
+    assert document["loaded_compute"]["neighbours"] == "co_run"
     match = match_ops(trace)
     model = np.load(timeline)
+    cores = []
     for job in jobs:
+        members = json.loads((job.loaded / CO_RUN).read_text())["members"]
+        assert sorted(members) == sorted(str(j.loaded) for j in jobs)
         placement = json.loads((job.loaded / "placement.json").read_text())
-        assert placement["neighbour_load"] == placement["neighbour_load_ran"] == [machine_cores()[-1]]
+        assert placement["bound"] and placement["assistant"] == sorted(placement["ranks"].values())
+        cores += placement["ranks"].values()
         assert not json.loads((job.directory / "placement.json").read_text()).get("neighbour_load")
         plain = slice_timings(trace, match, job.directory, job.sandbox)
         loaded = slice_timings(trace, match, job.loaded, job.sandbox)
@@ -88,6 +92,7 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) ->
             assert np.array_equal(model["span"][s][compute], loaded[r].span[compute])
             assert np.array_equal(model["span"][s][own], plain[r].span[own])
             assert np.array_equal(model["transfer"][s][own], plain[r].transfer[own])
+    assert sorted(cores) == machine_cores()[:len(jobs)]         # the two slices' ranks on cores apart
 
 
 # slow: `prism run` of the same script with the same sandbox rank (tests/flows/test_pipeline_flow.py,

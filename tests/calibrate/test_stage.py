@@ -1,0 +1,35 @@
+"""Stage 2's packing of the slices' loaded runs into co-runs that fill the machine's cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prism_core.calibrate.stage import SliceJob, co_runs
+
+
+def _jobs(n: int, sandbox: int = 1) -> list[SliceJob]:
+    return [SliceJob(i, list(range(i * sandbox, (i + 1) * sandbox)), Path(f"/t/slice_{i}"), Path(f"/t/loaded_{i}"))
+            for i in range(n)]
+
+
+def test_slices_pair_up_on_two_cores_in_order():
+    groups = co_runs(_jobs(4), cores=2, sandbox=1)
+    assert [[d.name for _, d in g] for g in groups] == [["loaded_0", "loaded_1"], ["loaded_2", "loaded_3"]]
+    assert [[sb for sb, _ in g] for g in groups] == [[[0], [1]], [[2], [3]]]
+
+
+def test_a_short_last_co_run_is_filled_with_twins_in_directories_of_their_own():
+    groups = co_runs(_jobs(3), cores=2, sandbox=1)
+    assert [[d.name for _, d in g] for g in groups] == [["loaded_0", "loaded_1"], ["loaded_2", "loaded_0_twin0"]]
+    assert groups[1][1][0] == [0]
+    # one slice (every DP replica renamed from it) on four cores: three twins of it
+    (alone,) = co_runs(_jobs(1), cores=4, sandbox=1)
+    assert [d.name for _, d in alone] == ["loaded_0", "loaded_0_twin0", "loaded_0_twin1", "loaded_0_twin2"]
+
+
+def test_slices_of_two_ranks_fill_four_cores_two_at_a_time_and_unloaded_jobs_are_left_out():
+    jobs = _jobs(3, sandbox=2)
+    jobs[1].loaded = None
+    groups = co_runs(jobs, cores=4, sandbox=2)
+    assert [[(sb, d.name) for sb, d in g] for g in groups] == [[([0, 1], "loaded_0"), ([4, 5], "loaded_2")]]
+    assert co_runs([], cores=2, sandbox=1) == []
