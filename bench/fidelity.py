@@ -10,7 +10,8 @@ error bootstrapped over the pairs (how far this machine's noise between runs mov
 beside them the ablation without inter-slice calibration (each rank as timed in its own slice),
 the prediction with the real run's compute spans in place of the slices' (what of the error
 is communication and calibration, and what is compute measured in another run), and the
-prediction from the plain slices alone, their loaded runs left out (what the neighbour load moved).
+prediction from the plain slices alone, their loaded runs left out (what the neighbours moved: the
+co-runs, or with `--neighbours stand_in` the MLP load).
 
 With `--turns T` the runs of a pair do not follow one another: they run at once and take turns
 of T seconds on the machine (bench/turns.py), so that the real run and the model see the same
@@ -90,7 +91,7 @@ def _variant(cfg, graph, root: Path, compute: str) -> float | None:
     renamed from a timed rank take them, in other orders, as in the calibration): what is left of
     the error is the model of communication and synchronisation (the slices' transfer times and
     the calibration); the rest was compute measured in another run.
-    "plain": the plain slices alone, their loaded runs left out: what the stand-in neighbour load
+    "plain": the plain slices alone, their loaded runs left out: what the loaded runs' neighbours
     moved (None where no slice's load ran).
     """
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
@@ -150,7 +151,7 @@ def _classic_pair(cfg, graph, root: Path, i: int, passes: int) -> dict:
 
 def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
     """One pair whose runs take turns on the machine (bench/turns.py): `prism record` and every
-    slice (plain and loaded) at once, turns of `--turns` s, their stopped time taken out; the
+    slice and co-run (or loaded slice) at once, turns of `--turns` s, their stopped time taken out; the
     prediction is calibrated from those slices.
 
     No emulation: its assistant replays in calibrated time on the wall clock, and a stop shortens
@@ -285,7 +286,7 @@ def main() -> None:
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
           "median): the error of the slices' communication and of the calibration alone")
     print("no load: each pair's prediction from its plain slices alone, their loaded runs left out (pair-wise median; "
-          "nan where no slice had one): what the stand-in neighbour load moved")
+          "nan where no slice had one): what the loaded runs' neighbours (co-runs or the stand-in load) moved")
     print("90% interval: of the error, bootstrapped over the pairs (each resample draws whole pairs with "
           "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "
