@@ -261,7 +261,7 @@ def main() -> None:
                 print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real:.4f} s  predicted {pair['pred']:.4f} s "
                       f"({_pct(pair['pred'], real)})  emulated {pair['emul']:.4f} s ({_pct(pair['emul'], real)})  "
                       f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
-                      f"without the load {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
+                      f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
                       f"one pass {pair['first']:.4f} s  uncalibrated {pair['uncal']:.4f} s", flush=True)
             col = {k: [p[k] for p in pairs] for k in pairs[0]}
             real = col["real"]
