@@ -33,7 +33,7 @@ import numpy as np
 from prism_core.backend.install import ENV_PUBLISH_GROUPS, ENV_SANDBOX
 from prism_core.collect.context_switch import CACHE_NAME
 from prism_core.config import PrismConfig, config_to_dict
-from prism_core.launch.launcher import LaunchSpec, launch
+from prism_core.launch.launcher import LaunchSpec, launch, stop_all
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.replay.assistant import ENV_LAZY_GLOO
 from prism_core.runtime import write_json_atomic
@@ -162,11 +162,11 @@ def run_together(cfg: PrismConfig, graph_dir: Path, members: list[tuple[list[int
     """Run the slices `members` (sandbox ranks, directory) at once: a co-run, or reuse it.
 
     The members' ranks take `cores` in order (one each), each member's assistant its ranks'
-    cores; every member has `co_run.json` when
-    all of them finished bound to their cores. A co-run is reused only whole: one member left
-    unfinished runs them all again, so that no member's spans come from a run without the others.
-    The first member to fail raises its error once every member has ended (the others run on,
-    their peers being their own assistants').
+    cores; every member has `co_run.json` when all of them finished bound to their cores. A
+    co-run is reused only whole: one member left unfinished runs them all again, so that no
+    member's spans come from a run without the others. The first member to fail raises its error
+    once every member has ended (the others run on, their peers being their own assistants'); an
+    interrupt stops every launch of this process (`stop_all`), the members' among them.
     """
     need = sum(len(sandbox) for sandbox, _ in members)
     if need > len(cores):
@@ -191,8 +191,14 @@ def run_together(cfg: PrismConfig, graph_dir: Path, members: list[tuple[list[int
         at += len(sandbox)
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:
+        stop_all()      # interrupted (Ctrl-C): the members' launches run on their threads; stop them too
+        for t in threads:
+            t.join()
+        raise
     failed = [e for e in errors if e is not None]
     if failed:
         raise failed[0]
