@@ -70,7 +70,7 @@ def co_runs(jobs: list[SliceJob], cores: int, sandbox: int) -> list[list[tuple[l
     members = [(j.sandbox, j.loaded) for j in jobs if j.loaded is not None]
     size = max(cores // sandbox, 1)
     groups = [members[i:i + size] for i in range(0, len(members), size)]
-    if groups and len(groups[-1]) < size and len(members) > 0:
+    if groups and len(groups[-1]) < size:
         fill = size - len(groups[-1])
         groups[-1] = groups[-1] + [(sb, d.with_name(f"{d.name}_twin{k}"))
                                    for k, (sb, d) in enumerate((members * size)[:fill])]
