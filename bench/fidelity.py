@@ -211,10 +211,9 @@ def _launch(args) -> None:
     elif kind == "slice":
         graph, sandbox, loaded = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), neighbour_load=loaded == "1")
-    elif kind == "co-run":
-        graph, rest = out, rest
+    elif kind == "co-run":       # "co-run GRAPH OUT SANDBOX ...": the second word is the graph here
         members = [([int(r) for r in sb.split(",")], Path(d)) for d, sb in zip(rest[0::2], rest[1::2])]
-        run_together(cfg, Path(graph), members, machine_cores())
+        run_together(cfg, Path(out), members, machine_cores())
     else:
         raise SystemExit(f"unknown launch {kind!r}")
 
