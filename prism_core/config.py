@@ -100,8 +100,8 @@ class EmulationConfig(_Strict):
     timing_passes: int = Field(1, ge=1, le=4, description="slice timing passes: the first replays virtual ranks "
                                                          "as fast as the graph allows, each further one in the "
                                                          "previous pass's calibrated time")
-    loaded_compute: bool = Field(True, description="slices bound to cores run once more with a compute load on "
-                                                   "the assistant's cores, and compute nodes take their spans from "
+    loaded_compute: bool = Field(True, description="slices bound to cores run once more beside neighbours "
+                                                   "(emulation.neighbours), and compute nodes take their spans from "
                                                    "that run: in the full job a rank's neighbours compute too, "
                                                    "sharing its caches and memory")
     neighbours: Literal["co_run", "stand_in"] = Field(
