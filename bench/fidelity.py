@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -233,6 +234,8 @@ def main() -> None:
     parser.add_argument("--launch", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # a SIGTERM unwinds like Ctrl-C: the launches' cleanups (take_turns, the launcher) stop their ranks
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.launch:
         _launch(args)
         return

@@ -217,7 +217,7 @@ def _nth_of_rank_set(trace) -> list[int]:
 
 class Assistant:
     def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float, model=None,
-                 source: np.ndarray | None = None):
+                 source: np.ndarray | None = None, pacer=None):
         from prism_core.replay.virtual_ops import Inputs
         from prism_core.trace.matching import match_ops
 
@@ -257,6 +257,7 @@ class Assistant:
         self._woken: dict[int, float] = {}       # rank -> the clock its timer woke it for
         self._ranks = None        # rank of every node, when first needed
         self.source = source      # DP-expanded graph: per rank, the collected rank it copies
+        self.pacer = pacer        # co-run: virtual ranks another member runs for real keep to them (pacing.py)
 
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
@@ -352,6 +353,8 @@ class Assistant:
         ready = deque(self.virtual)
         remaining = len(self.virtual)
         deadline = time.monotonic() + self.timeout_s
+        if self.pacer is not None:
+            self.pacer.start(deadline)
         # timed mode: each rank's own clock, the ideal end of its previous node, so that late
         # wake-ups do not add up over thousands of nodes
         start = time.perf_counter()
@@ -494,7 +497,10 @@ class Assistant:
         g = int(c["group"][i])
         op = int(c["op"][i])
         if g in self.real_groups and OPS[op] == "barrier":
-            self._issue_barrier(rank, i, g, h)
+            if self._paced(rank):                # joins once its counterpart has (on the loop's thread)
+                self.pool.submit(self._barrier_when_paced, rank, i, g, h)
+            else:
+                self._issue_barrier(rank, i, g, h)
             return h
         timed_wake = woken_for is not None and self.model is not None
         if self.model is not None and g in self.real_groups:
@@ -568,14 +574,15 @@ class Assistant:
         # order per group; one drain at a time); collectives of an idle group issue here at once.
         pg_key = (rank, g)
         pending = self.pending.setdefault(pg_key, deque())
+        off_loop = kind in ("send", "recv") or self._paced(rank)    # a paced op may wait for its counterpart
         with self.lock:
             busy = bool(pending)
-            if busy or kind in ("send", "recv"):
+            if busy or off_loop:
                 pending.append((i, spec, tensors, h))
         if busy:
             self._targets.pop(rank, None)            # it waits its turn: not a hand-over delay
             return                                   # the group's drain issues it in turn
-        if kind in ("send", "recv"):
+        if off_loop:
             self.pool.submit(self._drain, pg_key)
         else:
             self._issue_now(pg_key, i, spec, tensors, h)
@@ -587,6 +594,8 @@ class Assistant:
 
         if isinstance(spec, RingPart):
             spec.prepare()                        # its sends built from the cache: tensors in hand
+        if self._paced(pg_key[0]):                # co-run: on the wire once its real counterpart issued it
+            self.pacer.wait_for(pg_key[0], i - int(self.trace.offsets[pg_key[0]]))
         self._issued_on_time(pg_key[0])           # how late the hand-over came: feeds `lead`
         due = self._due.pop(i, None)
         if due is not None:                       # timed: never on the wire before its clock
@@ -616,6 +625,22 @@ class Assistant:
         h.keep = (works, keep)
         if spec.kind in ("send", "recv") or len(works) != 1 or not self._on_future(works[0], h):
             self.pool.submit(self._wait, works, h)
+
+    def _paced(self, rank: int) -> bool:
+        return self.pacer is not None and rank in self.pacer.counterparts
+
+    def _barrier_when_paced(self, rank: int, i: int, g: int, h: _Handle) -> None:
+        try:
+            self.pacer.wait_for(rank, i - int(self.trace.offsets[rank]))
+        except BaseException as err:  # noqa: BLE001 - reported on the loop's thread
+            self.events.put(err)
+            return
+        arrived = time.perf_counter()
+
+        def join() -> None:
+            self.arrivals[i] = arrived
+            self._issue_barrier(rank, i, g, h)
+        self.events.put(_Call(join))
 
     def _drain(self, pg_key: tuple) -> None:
         pending = self.pending[pg_key]
@@ -918,6 +943,8 @@ class Assistant:
             self.events.put(err)
 
     def close(self) -> None:
+        if self.pacer is not None:
+            self.pacer.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.inputs.close()
 
@@ -934,11 +961,13 @@ def load_timing(path: Path) -> ReplayTiming:
 
 
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
-                  timing: Path | None = None) -> None:
+                  timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "") -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
-    time for each node; without it they replay the structure as fast as it allows.
+    time for each node; without it they replay the structure as fast as it allows. `pace`: in a
+    co-run, virtual rank -> the flight record of the member running it for real, which it keeps
+    to (nudged on the abstract socket `pace_socket`; replay/pacing.py).
     """
     import torch
     import torch.distributed as dist
@@ -957,7 +986,12 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         raise ValueError(f"{timing} does not belong to the graph {graph}")
     source_path = Path(graph).parent / REPLICA_SOURCE
     source = np.load(source_path) if source_path.is_file() else None
-    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source)
+    pacer = None
+    if pace:
+        from prism_core.replay.pacing import Pacer
+
+        pacer = Pacer(pace, pace_socket)
+    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer)
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)
@@ -975,6 +1009,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,
+        "paced_ranks": sorted(pacer.counterparts) if pacer else [], "pace_nudges": pacer.nudges if pacer else 0,
+        "paced_waits": pacer.waits if pacer else 0, "paced_wait_s": pacer.waited_s if pacer else 0.0,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     tmp = out / f".arrivals.{os.getpid()}.npy"
     np.save(tmp, assistant.arrivals)
@@ -993,13 +1029,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=None, help="tensors.zarr of the collection, if any")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--timing", type=Path, default=None, help="timeline.npz: replay in calibrated time")
+    parser.add_argument("--pace", action="append", default=[], metavar="RANK=FLIGHT",
+                        help="co-run: virtual RANK keeps to the real rank whose flight record is FLIGHT")
+    parser.add_argument("--pace-socket", default="", help="abstract socket name the paced-on ranks nudge")
     ns = parser.parse_args(argv)
+    if ns.pace and not ns.pace_socket:
+        parser.error("--pace needs --pace-socket")
+    pace = {int(r): Path(f) for r, f in (item.split("=", 1) for item in ns.pace)}
     _die_with_launcher()
     bind_from_env()
     os.environ[ENV_LAZY_GLOO] = "1"
     try:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
-                      ns.timing)
+                      ns.timing, pace, ns.pace_socket)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

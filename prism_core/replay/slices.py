@@ -36,6 +36,7 @@ from prism_core.config import PrismConfig, config_to_dict
 from prism_core.launch.launcher import LaunchSpec, launch, stop_all
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.replay.assistant import ENV_LAZY_GLOO
+from prism_core.replay.pacing import ENV_NUDGE, Pacing, co_run_pacing
 from prism_core.runtime import write_json_atomic
 from prism_core.topology import Topology
 from prism_core.trace import Trace
@@ -104,7 +105,8 @@ class SliceOutput:
 
 
 def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
-              timing: Path | None = None, neighbour_load: bool = False, cores: list[int] | None = None) -> SliceOutput:
+              timing: Path | None = None, neighbour_load: bool = False, cores: list[int] | None = None,
+              pacing: Pacing | None = None) -> SliceOutput:
     """Run one slice (or reuse a finished one): sandbox ranks real, the rest replayed by the assistant.
 
     `timing`: a calibrated `timeline.npz`; the virtual ranks then replay in calibrated time.
@@ -116,7 +118,7 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
         return SliceOutput(out_dir, sorted(sandbox), True)
     unbounded = cfg.model_copy(update={"job": cfg.job.model_copy(update={"device_memory_bytes": None})})
     results = run_with_assistant(unbounded, graph_dir, sandbox, out_dir, timing, neighbour_load=neighbour_load,
-                                 cores=cores)
+                                 cores=cores, pacing=pacing)
     write_json_atomic(out_dir / SLICE_DONE, {"sandbox": sorted(sandbox), "pid": os.getpid(),
                                              "steps": {str(r): len(res["step_times_s"]) for r, res in results.items()}})
     return SliceOutput(out_dir, sorted(sandbox), False)
@@ -124,13 +126,14 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
 
 def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
                        timing: Path | None = None, progress=None, neighbour_load: bool = False,
-                       cores: list[int] | None = None) -> dict[int, dict]:
+                       cores: list[int] | None = None, pacing: Pacing | None = None) -> dict[int, dict]:
     """Launch the sandbox ranks (the real program, instrumented as in `prism record`) and the replay
     assistant for every other rank; return each sandbox rank's result or raise `LaunchError`.
 
     Used by the slices (structure only, or a refining pass) and by the emulation (calibrated time).
     `progress(steps)`: called as the steps every sandbox rank has completed grow. `cores`: the
-    sandbox ranks' cores, when bound (one member of a co-run, `run_together`).
+    sandbox ranks' cores, when bound (one member of a co-run, `run_together`); `pacing`: that
+    member's pacing (replay/pacing.py).
     """
     out_dir = Path(out_dir)
     for sub in ("results", "errors", "trace_parts", "flight", "logs", "replay"):
@@ -150,6 +153,12 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--cache", str(graph_dir / CACHE_NAME)]
     if timing is not None:
         helper += ["--timing", str(timing)]
+    if pacing is not None:
+        if pacing.counterparts:
+            helper += ["--pace-socket", pacing.socket]
+            helper += [f"--pace={r}={f}" for r, f in sorted(pacing.counterparts.items())]
+        if pacing.nudge:
+            env[ENV_NUDGE] = ",".join(pacing.nudge)
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
                       helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
@@ -177,11 +186,14 @@ def run_together(cfg: PrismConfig, graph_dir: Path, members: list[tuple[list[int
     for d in dirs:
         for name in (SLICE_DONE, CO_RUN):
             (d / name).unlink(missing_ok=True)
+        shutil.rmtree(d / "flight", ignore_errors=True)    # no member may read another's old record
     errors: list[BaseException | None] = [None] * len(members)
+    pacing = co_run_pacing(members)
 
     def one(i: int, sandbox: list[int], first_core: int) -> None:
         try:
-            run_slice(cfg, graph_dir, sandbox, dirs[i], cores=cores[first_core:first_core + len(sandbox)])
+            run_slice(cfg, graph_dir, sandbox, dirs[i], cores=cores[first_core:first_core + len(sandbox)],
+                      pacing=pacing[i])
         except BaseException as err:      # re-raised below, in the caller's thread
             errors[i] = err
 

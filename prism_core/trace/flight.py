@@ -19,15 +19,23 @@ from prism_core.trace.schema import OPS
 
 IDLE, ISSUING, WAITING = 0, 1, 2
 _STATE_NAMES = {ISSUING: "is issuing", WAITING: "waits in"}
-_FIELDS = 7  # state, op, group, seq, bytes, peer, optimizer steps done
+_FIELDS = 8  # state, op, group, seq, bytes, peer, optimizer steps done, nodes up to the latest op issued
+ISSUED_FIELD = 7
 
 
 class Flight:
-    def __init__(self, directory: Path, rank: int):
+    def __init__(self, directory: Path, rank: int, nudger=None):
         directory.mkdir(parents=True, exist_ok=True)
         self.directory, self.rank = directory, rank
         self.mm = np.memmap(directory / f"{rank}.bin", dtype=np.int64, mode="w+", shape=(_FIELDS,))
-        self.mm[:] = (IDLE, 0, -1, -1, 0, -1, 0)
+        self.mm[:] = (IDLE, 0, -1, -1, 0, -1, 0, 0)
+        self.nudger = nudger   # replay.pacing.Nudger: the co-run members that keep a virtual rank to this one
+
+    def issued(self, node: int) -> None:
+        """The op at node index `node` is being issued: read by co-run members (replay/pacing.py)."""
+        self.mm[ISSUED_FIELD] = node + 1
+        if self.nudger is not None:
+            self.nudger.nudge()
 
     def set(self, state: int, op: int, group: int, seq: int, nbytes: int, peer: int) -> None:
         self.mm[:6] = (state, op, group, seq, nbytes, peer)
@@ -52,7 +60,7 @@ def read_flights(directory: Path, world_size: int) -> dict[int, dict]:
     for rank in range(world_size):
         path = directory / f"{rank}.bin"
         try:
-            state, op, group, seq, nbytes, peer, _ = (int(v) for v in np.fromfile(path, dtype=np.int64,
+            state, op, group, seq, nbytes, peer, _, _ = (int(v) for v in np.fromfile(path, dtype=np.int64,
                                                                                   count=_FIELDS))
             groups = json.loads((directory / f"{rank}.groups.json").read_text())
         except (OSError, ValueError):

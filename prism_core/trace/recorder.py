@@ -103,6 +103,7 @@ class Recorder:
                           REDUCE_CODE[reduce], sid, now, float("nan")])
         if self.flight is not None:
             self.flight.set(ISSUING, code, gid, seq, nbytes, peer)
+            self.flight.issued(idx)
         return idx
 
     def issued(self, idx: int) -> None:

@@ -93,6 +93,24 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) ->
             assert np.array_equal(model["span"][s][own], plain[r].span[own])
             assert np.array_equal(model["transfer"][s][own], plain[r].transfer[own])
     assert sorted(cores) == machine_cores()[:len(jobs)]         # the two slices' ranks on cores apart
+    _co_run_members_keep_to_each_other(trace, jobs)
+
+
+def _co_run_members_keep_to_each_other(trace, jobs) -> None:
+    """In each member of the co-run, the virtual rank that the other member runs for real put
+    every op on the wire only after its real counterpart had issued it (replay/pacing.py)."""
+    for job in jobs:
+        stats = json.loads((job.loaded / "replay" / "stats.json").read_text())
+        others = sorted(r for j in jobs if j is not job for r in j.sandbox)
+        assert stats["paced_ranks"] == others and stats["pace_nudges"] > 0
+        arrivals = np.load(job.loaded / "replay" / "arrivals.npy")
+        for other in (j for j in jobs if j is not job):
+            for r in other.sandbox:
+                with np.load(other.loaded / "trace_parts" / f"{r}.npz") as part:
+                    issued = part["t_start"]
+                s = trace.rank_slice(r)
+                comm = trace.columns["kind"][s] == COMM
+                assert comm.sum() > 0 and np.all(arrivals[s][comm] >= issued[comm]), (job.sandbox, r)
 
 
 # slow: `prism run` of the same script with the same sandbox rank (tests/flows/test_pipeline_flow.py,
