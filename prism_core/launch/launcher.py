@@ -295,6 +295,9 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
     failing after it; it is blamed first.
     """
     time.sleep(0.3)  # let ranks that are failing right now finish writing their error files
+    # and see again who has ended: a rank killed by a signal tears down (its sockets closed, its
+    # peers failing) before it can be reaped, so a peer may be seen failed first
+    failed = {**{r: c for r, p in job.ranks.items() if (c := p.poll()) not in (None, 0)}, **failed}
     errors = read_errors(job.spec.run_dir)
     recorded = {e["rank"] for e in errors}
     abrupt = sorted(r for r in failed if r not in recorded)  # exited ranks: their error file is final
