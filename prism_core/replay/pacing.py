@@ -23,9 +23,8 @@ import os
 import socket
 import threading
 import time
-from pathlib import Path
-
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
