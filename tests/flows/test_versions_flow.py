@@ -21,7 +21,7 @@ r = dist.get_rank()
 torch.manual_seed(0)
 model = torch.nn.Linear(64, 64)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(3):
+for step in range(6):
     x = torch.randn(32, 64)
     loss = model(x).square().mean()
     loss.backward()
