@@ -5,6 +5,9 @@ state — issuing, waiting or idle, and the op, group, sequence number, size and
 group table (`flight/<rank>.groups.json`, rewritten only when a new group is first used). An
 update is one slice store into the map, no system call. When a job hangs or fails, the launcher
 reads every rank's record to name who waits in which op and to spot mismatched collectives.
+The record also counts the rank's nodes up to its latest op issued, which the other members of
+a co-run keep their virtual copy of this rank to (`replay/pacing.py`; only there is a nudge
+sent, one datagram per op).
 """
 
 from __future__ import annotations
