@@ -70,9 +70,11 @@ def test_runs_publish_versions_the_check_fires_beyond_its_limits_and_recalibrate
     assert (v1.path / "plots" / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert "first version of this job" in (v1.path / "report.md").read_text()
 
-    # the same job again, checked within generous limits (peak memory is exact: any byte counts);
-    # the bare graph and the slices come from Prefect's cache
-    state = run_flow(str(config), ["emulation.sandbox=1", "report.max_iteration_time_change=10"],
+    # the same job again, checked within generous limits (peak memory is exact: any byte counts):
+    # under `make test` the other worker loads both cores, which starves the gloo loops (idle
+    # class), and this few-ms job's emulated step was seen anywhere from 4 to 370 ms; the bare
+    # graph and the slices come from Prefect's cache
+    state = run_flow(str(config), ["emulation.sandbox=1", "report.max_iteration_time_change=1000"],
                      str(tmp_path / "run"), str(root), check=True, return_state=True)
     second = state.result()
     assert second["version"]["number"] == 2 and versions.latest(root).number == 2
