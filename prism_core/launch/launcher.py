@@ -44,6 +44,10 @@ class LaunchError(RuntimeError):
         self.results: dict[int, dict] = {}
 
 
+class LaunchStopped(LaunchError):
+    """The launch was stopped from outside (`LaunchSpec.stop`): it did not fail on its own."""
+
+
 @dataclass
 class LaunchSpec:
     program: str
@@ -59,6 +63,7 @@ class LaunchSpec:
     bind_cores: bool = False  # each started rank on a core of its own, when they fit (launch/cores.py)
     neighbour_load: bool = False  # bound, with a helper, alone: compute on the helper's cores (launch/neighbour_load.py)
     cores: list[int] | None = None  # one launch of a co-run: its started ranks on these cores, the helper too
+    stop: threading.Event | None = None  # set from outside: the job is killed and `LaunchStopped` raised
 
     @property
     def started_ranks(self) -> list[int]:
@@ -435,6 +440,8 @@ def launch(spec: LaunchSpec) -> dict[int, dict]:
                 raise _helper_failure(job)
             if all(c == 0 for c in codes.values()) and (job.helper is None or job.helper.poll() == 0):
                 break
+            if spec.stop is not None and spec.stop.is_set():
+                raise LaunchStopped(f"stopped from outside (ranks {started}, {spec.run_dir})")
             mismatch = watch.check()
             if mismatch:
                 raise LaunchError(f"ranks called mismatched collectives and can never proceed:\n{mismatch}")

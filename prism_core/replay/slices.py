@@ -33,7 +33,7 @@ import numpy as np
 from prism_core.backend.install import ENV_PUBLISH_GROUPS, ENV_SANDBOX
 from prism_core.collect.context_switch import CACHE_NAME
 from prism_core.config import PrismConfig, config_to_dict
-from prism_core.launch.launcher import LaunchSpec, launch, stop_all
+from prism_core.launch.launcher import LaunchSpec, LaunchStopped, launch, stop_all
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.replay.assistant import ENV_LAZY_GLOO
 from prism_core.replay.pacing import ENV_NUDGE, Pacing, co_run_pacing
@@ -106,7 +106,7 @@ class SliceOutput:
 
 def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
               timing: Path | None = None, neighbour_load: bool = False, cores: list[int] | None = None,
-              pacing: Pacing | None = None) -> SliceOutput:
+              pacing: Pacing | None = None, stop: threading.Event | None = None) -> SliceOutput:
     """Run one slice (or reuse a finished one): sandbox ranks real, the rest replayed by the assistant.
 
     `timing`: a calibrated `timeline.npz`; the virtual ranks then replay in calibrated time.
@@ -118,7 +118,7 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
         return SliceOutput(out_dir, sorted(sandbox), True)
     unbounded = cfg.model_copy(update={"job": cfg.job.model_copy(update={"device_memory_bytes": None})})
     results = run_with_assistant(unbounded, graph_dir, sandbox, out_dir, timing, neighbour_load=neighbour_load,
-                                 cores=cores, pacing=pacing)
+                                 cores=cores, pacing=pacing, stop=stop)
     write_json_atomic(out_dir / SLICE_DONE, {"sandbox": sorted(sandbox), "pid": os.getpid(),
                                              "steps": {str(r): len(res["step_times_s"]) for r, res in results.items()}})
     return SliceOutput(out_dir, sorted(sandbox), False)
@@ -126,14 +126,15 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
 
 def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
                        timing: Path | None = None, progress=None, neighbour_load: bool = False,
-                       cores: list[int] | None = None, pacing: Pacing | None = None) -> dict[int, dict]:
+                       cores: list[int] | None = None, pacing: Pacing | None = None,
+                       stop: threading.Event | None = None) -> dict[int, dict]:
     """Launch the sandbox ranks (the real program, instrumented as in `prism record`) and the replay
     assistant for every other rank; return each sandbox rank's result or raise `LaunchError`.
 
     Used by the slices (structure only, or a refining pass) and by the emulation (calibrated time).
     `progress(steps)`: called as the steps every sandbox rank has completed grow. `cores`: the
     sandbox ranks' cores, when bound (one member of a co-run, `run_together`); `pacing`: that
-    member's pacing (replay/pacing.py).
+    member's pacing (replay/pacing.py); `stop`: set to stop the launch (`LaunchStopped`).
     """
     out_dir = Path(out_dir)
     for sub in ("results", "errors", "trace_parts", "flight", "logs", "replay"):
@@ -162,7 +163,7 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
                       helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
-                      neighbour_load=neighbour_load, cores=cores)
+                      neighbour_load=neighbour_load, cores=cores, stop=stop)
     return launch(spec)
 
 
@@ -173,9 +174,10 @@ def run_together(cfg: PrismConfig, graph_dir: Path, members: list[tuple[list[int
     The members' ranks take `cores` in order (one each), each member's assistant its ranks'
     cores; every member has `co_run.json` when all of them finished bound to their cores. A
     co-run is reused only whole: one member left unfinished runs them all again, so that no
-    member's spans come from a run without the others. The first member to fail raises its error
-    once every member has ended (the others run on, their peers being their own assistants'); an
-    interrupt stops every launch of this process (`stop_all`), the members' among them.
+    member's spans come from a run without the others. The first member to fail stops the others
+    (their virtual copies of its ranks keep to records that no longer move) and its error is
+    raised once every member has ended; an interrupt stops every launch of this process
+    (`stop_all`), the members' among them.
     """
     need = sum(len(sandbox) for sandbox, _ in members)
     if need > len(cores):
@@ -187,15 +189,18 @@ def run_together(cfg: PrismConfig, graph_dir: Path, members: list[tuple[list[int
         for name in (SLICE_DONE, CO_RUN):
             (d / name).unlink(missing_ok=True)
         shutil.rmtree(d / "flight", ignore_errors=True)    # no member may read another's old record
-    errors: list[BaseException | None] = [None] * len(members)
+    errors: list[BaseException] = []     # in the order they happened
+    lock, stop = threading.Lock(), threading.Event()
     pacing = co_run_pacing(members)
 
     def one(i: int, sandbox: list[int], first_core: int) -> None:
         try:
             run_slice(cfg, graph_dir, sandbox, dirs[i], cores=cores[first_core:first_core + len(sandbox)],
-                      pacing=pacing[i])
+                      pacing=pacing[i], stop=stop)
         except BaseException as err:      # re-raised below, in the caller's thread
-            errors[i] = err
+            with lock:
+                errors.append(err)
+            stop.set()
 
     threads, at = [], 0
     for i, (sandbox, _) in enumerate(members):
@@ -211,9 +216,8 @@ def run_together(cfg: PrismConfig, graph_dir: Path, members: list[tuple[list[int
         for t in threads:
             t.join()
         raise
-    failed = [e for e in errors if e is not None]
-    if failed:
-        raise failed[0]
+    if errors:      # the member that failed first, not one it stopped
+        raise next((e for e in errors if not isinstance(e, LaunchStopped)), errors[0])
     bound = all(json.loads((d / "placement.json").read_text()).get("bound") for d in dirs)
     if bound:
         for d in dirs:

@@ -4,6 +4,7 @@ fails the flow with its rank's error and the finished slices are reused on the r
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -56,12 +57,17 @@ def test_failed_slice_fails_the_flow_and_the_rerun_reuses_the_rest(prefect_serve
     monkeypatch.setenv("CRASH_FLAG", str(flag))
     config, script = make_job(tmp_path, CRASH_IN_SLICE_SCRIPT, name="crashy", iterations=3, loaded_compute=True)
     stages = tmp_path / "stages"
-    args = (str(config), ["emulation.sandbox=1"], str(tmp_path / "out"))
+    timeout_s = 240.0
+    args = (str(config), ["emulation.sandbox=1", f"job.timeout_s={timeout_s}"], str(tmp_path / "out"))
     # collect first, without the flag, so that only the slice of rank 1 fails
     collect(load_config(config), stages / "collect")
     flag.write_text("")
+    began = time.monotonic()
     with pytest.raises((PrefectException, RuntimeError), match=r"rank 1 failed(.|\n)*fails in its slice on purpose"):
         calibrate_flow(*args, root=str(stages))
+    # rank 1's failure stopped the co-run member beside it, whose virtual rank 1 keeps to the
+    # failed rank's record and would wait out its deadline (0.9 x job.timeout_s)
+    assert time.monotonic() - began < timeout_s / 2
     assert_nothing_left(tmp_path, script)
     done = sorted(stages.glob(f"timing/*/s1/slice_*/{SLICE_DONE}"))
     assert len(done) == 1 and "slice_0_" in str(done[0])     # rank 0's slice finished and stays

@@ -15,6 +15,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from prism_core import cli
 from prism_core.launch.cores import machine_cores
 from prism_core.config import load_config
 from prism_core.launch import LaunchError
+from prism_core.launch.launcher import LaunchSpec, LaunchStopped, launch
 from prism_core.record import record
 
 from tests.jobs import WORLD, assert_nothing_left
@@ -91,6 +93,32 @@ def test_rank_killed_by_a_signal_is_blamed(tmp_path):
     message = str(info.value)
     assert info.value.rank == 0, message
     assert message.startswith("rank 0 ") and "signal" in message
+    assert_nothing_left(tmp_path, script, expect_pids=WORLD)
+
+
+@pytest.mark.timeout(120)
+def test_stop_event_kills_the_job_and_says_so(tmp_path):
+    config, script = _job(tmp_path, """
+        dist.init_process_group("gloo")
+        time.sleep(1000)
+    """)
+    cfg = load_config(config)
+    stop = threading.Event()
+    spec = LaunchSpec(program=cfg.job.program, world_size=WORLD, run_dir=tmp_path / "out", timeout_s=100, stop=stop)
+
+    def stop_once_started() -> None:
+        deadline = time.monotonic() + 60
+        while len(list((tmp_path / "pids").glob("*"))) < WORLD and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+
+    setter = threading.Thread(target=stop_once_started)
+    setter.start()
+    began = time.monotonic()
+    with pytest.raises(LaunchStopped, match="stopped from outside"):
+        launch(spec)
+    setter.join()
+    assert time.monotonic() - began < 60, "the job ran on past its stop"
     assert_nothing_left(tmp_path, script, expect_pids=WORLD)
 
 
