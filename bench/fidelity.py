@@ -16,10 +16,11 @@ co-runs, or with `--neighbours stand_in` the MLP load).
 With `--turns T` the runs of a pair do not follow one another: they run at once and take turns
 of T seconds on the machine (bench/turns.py), so that the real run and the model see the same
 machine; two records of one job then differ by ~1% here against ~6% one after the other
-(bench/run_to_run.py). Emulations are left out then (`_turns_pair` says why).
+(bench/run_to_run.py). The emulations then take turns with a second record of their own
+(`_turns_pair`); `--no-emulate` leaves them out.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3]
+                                       [--turns 0.3 [--no-emulate]]
 
 Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a
 machine with more cores: the real run must fit, W <= cores, for the comparison to mean much).
@@ -147,18 +148,19 @@ def _classic_pair(cfg, graph, root: Path, i: int, passes: int) -> dict:
         out["emul"] = statistics.mean(
             emulate(_of_interest(cfg, r), graph.directory, root / "calibrate" / "timeline.npz",
                     root / "emulate")["ranks"][str(r)]["iteration_time_s"] for r in range(cfg.job.world_size))
+    out["emul_real"] = out["real"]
     return out
 
 
 def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
     """One pair whose runs take turns on the machine (bench/turns.py): `prism record` and every
     slice and co-run (or loaded slice) at once, turns of `--turns` s, their stopped time taken out; the
-    prediction is calibrated from those slices.
-
-    No emulation: its assistant replays in calibrated time on the wall clock, and a stop shortens
-    what it was waiting for (measured at 0e18f2d with 2-s turns and only the steps no stop
-    touched, against a record run of their own: −11.9 … +20.1%, no steadier than one run after
-    the other).
+    prediction is calibrated from those slices. Then, unless `--no-emulate`, `prism record` again
+    and one emulation per rank on that calibration, taking turns too: the emulated figure is
+    compared with that second record (`emul_real`). The emulations' assistants move their
+    schedule by their launch's stopped time as they go (prism_core/replay/stopped.py); before
+    that they could not take turns (at 0e18f2d, 2-s turns, only the steps no stop touched:
+    −11.9 … +20.1%, no steadier than one run after the other).
     """
     world, warmup = cfg.job.world_size, cfg.job.warmup
     for sub in ("timing", "record", "logs"):
@@ -183,8 +185,29 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
             unstop_run(run_dir, s)
     out = {"real": _figure(root / "record", world, warmup), "selfcheck": _selfcheck(cfg, root / "record")}
     out.update(_model(cfg, graph, root, 1))
-    out["emul"] = float("nan")
+    out["emul"] = out["emul_real"] = float("nan")
+    if args.no_emulate:
+        return out
+    timeline = root / "calibrate" / "timeline.npz"
+    runs = [(["record", str(root / "record_e")], root / "record_e")]
+    for r in range(world):
+        runs.append((["emulate", str(root / f"emulate_{r}"), str(graph.directory), str(timeline), str(r)],
+                     root / f"emulate_{r}"))
+    for _, run_dir in runs:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if i % 2:
+        runs = runs[1:] + runs[:1]
+    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs],
+                       args.turns, 3600, [root / "logs" / f"e{n}.log" for n in range(len(runs))])
+    for (_, run_dir), s in zip(runs, stops):
+        unstop_run(run_dir, s)
+    out["emul_real"] = _figure(root / "record_e", world, warmup)
+    out["emul"] = statistics.mean(_rank_figure(root / f"emulate_{r}", r, warmup) for r in range(world))
     return out
+
+
+def _rank_figure(run_dir: Path, rank: int, warmup: int) -> float:
+    return statistics.median(json.loads((run_dir / "results" / f"{rank}.json").read_text())["step_times_s"][warmup:])
 
 
 def _ranks(sandbox: list[int]) -> str:
@@ -192,8 +215,9 @@ def _ranks(sandbox: list[int]) -> str:
 
 
 def launch_cmd(what: list[str], config: str, steps: int, sandbox: int, neighbours: str) -> list[str]:
-    """The command of one launch (`what`: "record OUT", "slice OUT GRAPH SANDBOX LOADED" or
-    "co-run GRAPH OUT SANDBOX [OUT SANDBOX ...]") in a process of its own."""
+    """The command of one launch (`what`: "record OUT", "slice OUT GRAPH SANDBOX LOADED",
+    "emulate OUT GRAPH TIMELINE RANK" or "co-run GRAPH OUT SANDBOX [OUT SANDBOX ...]") in a
+    process of its own."""
     return [sys.executable, str(Path(__file__).resolve()), "--launch", *what, "--config", config,
             "--steps", str(steps), "--sandbox", str(sandbox), "--neighbours", neighbours]
 
@@ -212,6 +236,9 @@ def _launch(args) -> None:
     elif kind == "slice":
         graph, sandbox, loaded = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), neighbour_load=loaded == "1")
+    elif kind == "emulate":      # "emulate OUT GRAPH TIMELINE RANK"
+        graph, timeline, rank = rest
+        emulate(_of_interest(cfg, int(rank)), Path(graph), Path(timeline), Path(out))
     elif kind == "co-run":       # "co-run GRAPH OUT SANDBOX ...": the second word is the graph here
         members = [([int(r) for r in sb.split(",")], Path(d)) for d, sb in zip(rest[0::2], rest[1::2])]
         run_together(cfg, Path(out), members, machine_cores())
@@ -231,6 +258,8 @@ def main() -> None:
                              "0: one after the other")
     parser.add_argument("--neighbours", choices=("co_run", "stand_in"), default="co_run",
                         help="what computes beside the slices' loaded runs (emulation.neighbours)")
+    parser.add_argument("--no-emulate", action="store_true",
+                        help="with --turns: leave out the second record and the emulations")
     parser.add_argument("--launch", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -261,29 +290,34 @@ def main() -> None:
                 pairs.append(pair)
                 real = pair["real"]
                 print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real:.4f} s  predicted {pair['pred']:.4f} s "
-                      f"({_pct(pair['pred'], real)})  emulated {pair['emul']:.4f} s ({_pct(pair['emul'], real)})  "
+                      f"({_pct(pair['pred'], real)})  emulated {pair['emul']:.4f} s "
+                      f"({_pct(pair['emul'], pair['emul_real'])} against its own record {pair['emul_real']:.4f} s)  "
                       f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
                       f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
                       f"one pass {pair['first']:.4f} s  uncalibrated {pair['uncal']:.4f} s", flush=True)
             col = {k: [p[k] for p in pairs] for k in pairs[0]}
             real = col["real"]
-            r, p, u, f, e = (statistics.median(col[k]) for k in ("real", "pred", "uncal", "first", "emul"))
-            rows.append((cfg.name, r, p, e, f, u, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
+            r, p, u, f, e, er = (statistics.median(col[k]) for k in ("real", "pred", "uncal", "first", "emul",
+                                                                      "emul_real"))
+            rows.append((cfg.name, r, p, e, er, f, u, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["selfcheck"])]), (max(real) - min(real)) / r,
-                         _interval(real, col["pred"]), _interval(real, col["emul"]),
+                         _interval(real, col["pred"]), _interval(col["emul_real"], col["emul"]),
+                         statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["oracle"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["plain"])])))
-    how = (f"record and slices taking turns of {args.turns:g} s (no emulation)" if args.turns > 0
-           else "runs one after the other")
+    how = ((f"record and slices taking turns of {args.turns:g} s" +
+            (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
+           if args.turns > 0 else "runs one after the other")
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
           f"pass(es), medians over {args.pairs} pairs, {how}; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
-          f"{'90% interval':>15} {'emulated (s)':>12} {'error':>8} {'90% interval':>15} "
+          f"{'90% interval':>15} {'real (s)':>9} {'emulated (s)':>12} {'error':>8} {'pair-wise':>9} {'90% interval':>15} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} {'real spread':>11}")
-    for name, r, p, e, f, u, pw, sc, spread, ci_p, ci_e, oc, nl in rows:
-        print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {e:12.4f} "
-              f"{_pct(e, r):>8} {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
+    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl in rows:
+        print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {er:9.4f} {e:12.4f} "
+              f"{_pct(e, er):>8} {100 * epw:+8.2f}% {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * spread:10.2f}%")
+    print("emulated: against the real run of its own (with --turns a second record, taking turns with the emulations)")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
           "median): the error of the slices' communication and of the calibration alone")

@@ -9,8 +9,10 @@ machine, second by second. Each launch's stops are noted on the monotonic clock 
 arrival times and the ranks' step times, so that the run reads as if it had run alone (what
 stays is the cost of caches left cold after each stop, alike for every launch).
 
-A replay in calibrated time (an emulation) cannot be corrected so: its assistant waits on the
-wall clock, and a stop shortens what it was waiting for.
+A replay in calibrated time (an emulation) cannot be corrected so afterwards: its assistant
+waits on the wall clock, and a stop would shorten what it was waiting for. Each launch's
+stopped time so far is therefore kept in a file the assistant reads as it goes
+(prism_core/replay/stopped.py), and it moves its schedule by it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 import psutil
 
 from prism_core.launch.launcher import _group_alive
+from prism_core.replay.stopped import ENV_STOPPED_FILE, write_stopped
 
 Stops = list[tuple[float, float]]       # (stopped at, continued at), time.monotonic
 
@@ -65,16 +68,23 @@ def _signal_groups(groups: list[int], sig: int) -> None:
 def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: list[Path]) -> list[Stops]:
     """Run `cmds` (each in a session of its own, output to its log) taking turns of `turn_s`
     seconds until all have exited; each one's stops. A launch that fails, or a timeout, stops
-    every launch and kills all their processes (TurnsError)."""
+    every launch and kills all their processes (TurnsError).
+
+    Each launch's stopped seconds so far are kept in `<log>.stopped`, named to it by
+    `PRISM_STOPPED_FILE` and written before each continue: an emulation's assistant moves its
+    schedule by them (prism_core/replay/stopped.py)."""
     procs: list[subprocess.Popen] = []
     known: list[set[int]] = []            # every process group seen per launch, for the cleanup
     stops: list[Stops] = [[] for _ in cmds]
     stopped_at: list[float | None] = [None] * len(cmds)
+    stopped_files = [Path(f"{log}.stopped") for log in logs]
     try:
         for i, (cmd, log) in enumerate(zip(cmds, logs)):
+            write_stopped(stopped_files[i], 0.0)
             with open(log, "wb") as out:
                 procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+                                              start_new_session=True,
+                                              env={**os.environ, ENV_STOPPED_FILE: str(stopped_files[i])}))
             known.append({procs[-1].pid})
             if i:          # all but the first wait for their turn
                 os.killpg(procs[-1].pid, signal.SIGSTOP)
@@ -101,6 +111,7 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
                     stopped_at[cur] = time.monotonic()
                 stops[nxt].append((stopped_at[nxt], time.monotonic()))
                 stopped_at[nxt] = None
+                write_stopped(stopped_files[nxt], sum(b - a for a, b in stops[nxt]))
                 _signal_groups(_groups(procs[nxt].pid), signal.SIGCONT)
                 cur = nxt
     finally:

@@ -258,6 +258,8 @@ class Assistant:
         self._ranks = None        # rank of every node, when first needed
         self.source = source      # DP-expanded graph: per rank, the collected rank it copies
         self.pacer = pacer        # co-run: virtual ranks another member runs for real keep to them (pacing.py)
+        self.stopped = None       # timed mode, launch stopped from outside: its stopped time (stopped.py)
+        self._slipped = self._stop_base = 0.0    # stopped seconds seen in all, and when the replay began
 
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
@@ -359,6 +361,8 @@ class Assistant:
         # wake-ups do not add up over thousands of nodes
         start = time.perf_counter()
         self.clock = dict.fromkeys(self.virtual, start)
+        if self.stopped is not None:           # stops before the replay began move nothing
+            self._slipped = self._stop_base = self.stopped.total()
         while remaining:
             while ready:
                 r = ready.popleft()
@@ -372,6 +376,7 @@ class Assistant:
                         if span is not None:                          # timed: the node takes its time
                             self._woken.pop(r, None)                  # not followed by an op at once
                             self.clock[r] += span[i - 1]
+                            self._slip()
                             if self.clock[r] - self.lead > time.perf_counter():
                                 self._at(self.clock[r] - self.lead, r)
                                 blocked[r] = (i - 1, "computing at")
@@ -400,6 +405,7 @@ class Assistant:
                     remaining -= 1
             if not remaining:
                 break
+            self._slip()
             now = time.perf_counter()
             while self.timers and self.timers[0][0] <= now:
                 _, _, what = heapq.heappop(self.timers)
@@ -435,6 +441,30 @@ class Assistant:
         while not self.events.empty():
             if isinstance(event := self.events.get_nowait(), BaseException):
                 raise event
+
+    def _slip(self) -> None:
+        """Timed mode, the launch stopped from outside (stopped.py): move every time not yet reached
+        (clocks, timers, ops due) later by the stopped time since the last look, so that a stop
+        does not eat into what a virtual rank waits for. Within one node of the stop's end."""
+        if self.stopped is None:
+            return
+        total = self.stopped.total()
+        d = total - self._slipped
+        if d <= 0:
+            return
+        self._slipped = total
+        for r in self.clock:
+            self.clock[r] += d
+        self.timers = [(when + d, seq, what) for when, seq, what in self.timers]    # a uniform shift keeps the heap
+        for _, _, what in self.timers:
+            if isinstance(what, _Handle) and what.when is not None:
+                what.when += d
+        for times in (self._due, self._targets, self._woken):    # _due is popped on pool threads
+            for key in list(times):
+                try:
+                    times[key] += d
+                except KeyError:
+                    pass
 
     def _at(self, when: float, what) -> None:
         """Timed mode: at `when`, resume a rank (an int) or complete a handle."""
@@ -992,6 +1022,10 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
 
         pacer = Pacer(pace, pace_socket)
     assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer)
+    if model is not None:
+        from prism_core.replay.stopped import StoppedTime
+
+        assistant.stopped = StoppedTime.from_env()
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)
@@ -1011,6 +1045,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,
         "paced_ranks": sorted(pacer.counterparts) if pacer else [], "pace_nudges": pacer.nudges if pacer else 0,
         "paced_waits": pacer.waits if pacer else 0, "paced_wait_s": pacer.waited_s if pacer else 0.0,
+        "stopped_s": assistant._slipped - assistant._stop_base,     # the schedule moved by it
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     tmp = out / f".arrivals.{os.getpid()}.npy"
     np.save(tmp, assistant.arrivals)

@@ -52,6 +52,11 @@ def test_launches_take_turns_and_none_is_left(tmp_path):
     assert np.all(np.diff(a_free[np.argsort(a[:, 0]), 0]) >= -1e-9)
     assert (a_free[:, 1] - a_free[:, 0]).max() < 0.2
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    # each launch's stopped time so far, for an emulation's assistant (prism_core/replay/stopped.py):
+    # written before each continue, so at the end it is all of them
+    for log, launch_stops in zip(["a.log", "b.log"], stops):
+        total = np.fromfile(tmp_path / f"{log}.stopped", dtype=np.float64)
+        assert total.tolist() == pytest.approx([sum(b - a for a, b in launch_stops)])
 
 
 def test_a_failing_launch_stops_every_launch(tmp_path):

@@ -1,0 +1,107 @@
+"""A launch stopped from outside: an emulation's assistant moves its schedule by the stopped time.
+
+The stopped time is read from the file named by PRISM_STOPPED_FILE (prism_core/replay/stopped.py),
+which whoever stops the launch writes before continuing it (bench/turns.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prism_core.calibrate.stage import time_and_calibrate
+from prism_core.collect.stage import collect
+from prism_core.config import load_config
+from prism_core.emulate.stage import emulate
+from prism_core.replay.stopped import ENV_STOPPED_FILE, StoppedTime, write_stopped
+from prism_core.trace.flight import read_steps
+
+from tests.jobs import assert_nothing_left, make_job
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from turns import unstop_run  # noqa: E402
+
+# rank 1 computes for 0.3 s (busy, as a real kernel would) and sends to rank 0, which only waits:
+# rank 0's step is rank 1's compute
+BUSY_SENDER_SCRIPT = """
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(7):
+        x = torch.ones(8)
+        if rank == 1:
+            began = time.perf_counter()
+            while time.perf_counter() - began < 0.3:
+                pass
+            dist.send(x, 0)
+        else:
+            dist.recv(x, 1)
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+def test_written_and_read_back(tmp_path):
+    path = tmp_path / "stopped"
+    write_stopped(path, 0.0)
+    reader = StoppedTime(path)
+    assert reader.total() == 0.0
+    write_stopped(path, 1.25)
+    assert reader.total() == 1.25           # the reader's map sees the store without reopening
+
+
+def test_missing_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_STOPPED_FILE, str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match=ENV_STOPPED_FILE):
+        StoppedTime.from_env()
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_does_not_shorten_what_the_virtual_rank_computes(tmp_path, monkeypatch):
+    config, script = make_job(tmp_path, BUSY_SENDER_SCRIPT, name="busy", iterations=7)
+    cfg = load_config(config, ["emulation.sandbox=1", "emulation.ranks_of_interest=0"])
+    graph = collect(cfg, tmp_path / "collect")
+    time_and_calibrate(cfg, graph.trace, graph.directory, tmp_path / "timing", tmp_path / "calibrate")
+    stopped = tmp_path / "stopped"
+    write_stopped(stopped, 0.0)
+    monkeypatch.setenv(ENV_STOPPED_FILE, str(stopped))
+    out = tmp_path / "emulate"
+    stops: list[tuple[float, float]] = []
+
+    def stop_once() -> None:
+        """Stop the launch (rank 0 and the assistant, one process group) for 1 s after step 2."""
+        deadline = time.monotonic() + 120
+        while read_steps(out / "flight", [0]).get(0, 0) < 2:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        group = os.getpgid(int((tmp_path / "pids" / "0").read_text()))
+        os.killpg(group, signal.SIGSTOP)
+        began = time.monotonic()
+        time.sleep(1.0)
+        stops.append((began, time.monotonic()))
+        write_stopped(stopped, stops[0][1] - stops[0][0])
+        os.killpg(group, signal.SIGCONT)
+
+    stopper = threading.Thread(target=stop_once)
+    stopper.start()
+    emulate(cfg, graph.directory, tmp_path / "calibrate" / "timeline.npz", out)
+    stopper.join()
+    assert_nothing_left(tmp_path, script)
+    assert stops, "the emulation never reached step 2"
+    stats = json.loads((out / "replay" / "stats.json").read_text())
+    assert stats["stopped_s"] == pytest.approx(stops[0][1] - stops[0][0])
+    unstop_run(out, stops)
+    steps = np.array(json.loads((out / "results" / "0.json").read_text())["step_times_s"])
+    # the step that held the stop: rank 1's compute still took its time once the stop is out
+    # (unmoved, its timer would fire at once on the continue, and the step would read ~0 s)
+    assert steps[1:].min() > 0.2, steps
