@@ -8,6 +8,7 @@ the median of its measured steps; a run's figure is the mean over ranks. Printed
 the real, predicted and emulated medians over pairs with their errors, a 90% interval of each
 error bootstrapped over the pairs (how far this machine's noise between runs moves it), and
 beside them the ablation without inter-slice calibration (each rank as timed in its own slice),
+the prediction with the ranks' waits for their core left in the slices' compute spans,
 the prediction with the real run's compute spans in place of the slices' (what of the error
 is communication and calibration, and what is compute measured in another run), and the
 prediction from the plain slices alone, their loaded runs left out (what the neighbours moved: the
@@ -95,10 +96,15 @@ def _variant(cfg, graph, root: Path, compute: str) -> float | None:
     the calibration); the rest was compute measured in another run.
     "plain": the plain slices alone, their loaded runs left out: what the loaded runs' neighbours
     moved (None where no slice's load ran).
+    "queued": the slices' compute spans with the ranks' waits for their core left in
+    (trace/run_delay.py): what taking them out moved.
     """
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
     match = match_ops(graph.trace)
-    if compute == "plain":
+    if compute == "queued":
+        timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
+                                 [j.loaded for j in jobs], unqueue=False)
+    elif compute == "plain":
         if not any(j.loaded is not None and load_ran(j.loaded) for j in jobs):
             return None
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs])
@@ -287,6 +293,7 @@ def main() -> None:
                 pair["oracle"] = _variant(cfg, graph, root, "real") if args.passes == 1 else float("nan")
                 unloaded = _variant(cfg, graph, root, "plain") if args.passes == 1 else None
                 pair["plain"] = float("nan") if unloaded is None else unloaded
+                pair["queued"] = _variant(cfg, graph, root, "queued") if args.passes == 1 else float("nan")
                 pairs.append(pair)
                 real = pair["real"]
                 print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real:.4f} s  predicted {pair['pred']:.4f} s "
@@ -294,6 +301,7 @@ def main() -> None:
                       f"({_pct(pair['emul'], pair['emul_real'])} against its own record {pair['emul_real']:.4f} s)  "
                       f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
                       f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
+                      f"waits for a core kept {pair['queued']:.4f} s ({_pct(pair['queued'], real)})  "
                       f"one pass {pair['first']:.4f} s  uncalibrated {pair['uncal']:.4f} s", flush=True)
             col = {k: [p[k] for p in pairs] for k in pairs[0]}
             real = col["real"]
@@ -304,7 +312,8 @@ def main() -> None:
                          _interval(real, col["pred"]), _interval(col["emul_real"], col["emul"]),
                          statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["oracle"])]),
-                         statistics.median([b / a - 1 for a, b in zip(real, col["plain"])])))
+                         statistics.median([b / a - 1 for a, b in zip(real, col["plain"])]),
+                         statistics.median([b / a - 1 for a, b in zip(real, col["queued"])])))
     how = ((f"record and slices taking turns of {args.turns:g} s" +
             (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
            if args.turns > 0 else "runs one after the other")
@@ -312,17 +321,21 @@ def main() -> None:
           f"pass(es), medians over {args.pairs} pairs, {how}; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'real (s)':>9} {'emulated (s)':>12} {'error':>8} {'pair-wise':>9} {'90% interval':>15} "
-          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} {'real spread':>11}")
-    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl in rows:
+          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} "
+          f"{'queue kept':>10} {'real spread':>11}")
+    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {er:9.4f} {e:12.4f} "
               f"{_pct(e, er):>8} {100 * epw:+8.2f}% {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
-              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * spread:10.2f}%")
+              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% "
+              f"{100 * spread:10.2f}%")
     print("emulated: against the real run of its own (with --turns a second record, taking turns with the emulations)")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
           "median): the error of the slices' communication and of the calibration alone")
     print("no load: each pair's prediction from its plain slices alone, their loaded runs left out (pair-wise median; "
           "nan where no slice had one): what the loaded runs' neighbours (co-runs or the stand-in load) moved")
+    print("queue kept: each pair's prediction with the slices' compute spans holding the ranks' waits for their "
+          "core (pair-wise median): what taking them out moved (an assistant sharing a rank's core takes that time)")
     print("90% interval: of the error, bootstrapped over the pairs (each resample draws whole pairs with "
           "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "

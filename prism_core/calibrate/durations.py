@@ -15,6 +15,9 @@ With a loaded run of the slice (the same ranks run again beside the job's other 
 co-run of several slices at once — or beside a stand-in compute load on the assistant's cores:
 the neighbours that compute beside a rank in the full job), compute nodes take their spans from
 it and everything else from the plain run, whose assistant had its core alone.
+A compute span of a run that had an assistant leaves out the time the rank's thread waited for
+its core within it (`trace/run_delay.py`): an assistant sharing the rank's core (each member's,
+in a co-run on 2 cores) takes that time, which the full job never spends.
 Collectives whose members were timed in different runs give every member the members' mean
 transfer (`pool_member_noise`).
 
@@ -32,6 +35,7 @@ import numpy as np
 
 from prism_core.calibrate.timeline import NO_RELEASE, OP_RELEASE, WAIT_RELEASE, CalibrationError, NodeModel
 from prism_core.trace import Trace, merge_parts
+from prism_core.trace.store import read_queued
 from prism_core.trace.matching import OpMatch
 from prism_core.trace.schema import COMM, COMPUTE, OPS, P2P_OPS, WAIT
 
@@ -68,8 +72,10 @@ def _check_same_structure(bare: Trace, rank: int, measured: dict[str, np.ndarray
                                    f"{OPS[ref['op'][i]] if col == 'op' else ref[col][i]}); re-collect")
 
 
-def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[int]) -> dict[int, RankTiming]:
-    """The timing model of each sandbox rank of one slice."""
+def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[int],
+                  unqueue: bool = True) -> dict[int, RankTiming]:
+    """The timing model of each sandbox rank of one slice. `unqueue`: compute spans of a run with
+    an assistant leave out the rank's waits for its core (False: the ablation that keeps them)."""
     slice_dir = Path(slice_dir)
     measured = merge_parts(slice_dir / "trace_parts", bare.world_size, sandbox)
     arrivals = slice_dir / "replay" / "arrivals.npy"
@@ -91,7 +97,22 @@ def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[in
     out = {}
     for r in sandbox:
         out[r] = _rank_timing(bare, match, r, measured.rank(r), last, slice_dir)
+        if unqueue and arrivals.is_file():
+            out[r] = _unqueued(bare, r, out[r], slice_dir)
     return out
+
+
+def _unqueued(bare: Trace, rank: int, timing: RankTiming, slice_dir: Path) -> RankTiming:
+    """`timing` with its compute spans less the time the rank's thread waited for its core."""
+    nodes, queued = read_queued(Path(slice_dir) / "trace_parts" / f"{rank}.npz")
+    if not len(nodes):
+        return timing
+    if nodes.max() >= len(timing.span) or np.any(bare.rank(rank)["kind"][nodes] != COMPUTE):
+        raise CalibrationError(f"rank {rank} in slice {slice_dir}: its waits for a core name nodes that are not "
+                               "compute; rerun the slice")
+    span = timing.span.copy()
+    span[nodes] = np.maximum(span[nodes] - queued, 0.0)
+    return replace(timing, span=span)
 
 
 def load_ran(slice_dir: Path) -> bool:
@@ -202,7 +223,10 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
 
 def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: dict[int, RankTiming],
                       source: np.ndarray) -> NodeModel:
-    """Collectives whose members were timed in different runs: every member takes the op's mean
+    """A compute span of a run that had an assistant leaves out the time the rank's thread waited for
+its core within it (`trace/run_delay.py`): an assistant sharing the rank's core (each member's,
+in a co-run on 2 cores) takes that time, which the full job never spends.
+Collectives whose members were timed in different runs: every member takes the op's mean
     transfer over its members.
 
     Members of a real collective leave it together, give or take what their order of arrival

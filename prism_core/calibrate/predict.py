@@ -52,15 +52,16 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
 
 
 def timed_ranks(bare: Trace, match: OpMatch, slices: list[tuple[Path, list[int]]],
-                loaded: list[Path | None] | None = None) -> tuple[dict[int, RankTiming], dict | None]:
+                loaded: list[Path | None] | None = None, unqueue: bool = True) -> tuple[dict[int, RankTiming], dict | None]:
     """What every timed rank measured in its slice, compute from the slice's loaded run where it
-    has one; and how many slices had one and how much longer their compute was."""
+    has one; and how many slices had one and how much longer their compute was. `unqueue`: as in
+    `slice_timings`."""
     timings: dict[int, RankTiming] = {}
     used, plain_compute, loaded_compute = 0, 0.0, 0.0
     for (directory, sandbox), load_dir in zip(slices, loaded or [None] * len(slices)):
-        plain = slice_timings(bare, match, directory, sandbox)
+        plain = slice_timings(bare, match, directory, sandbox, unqueue)
         if load_dir is not None and load_ran(load_dir):
-            beside = slice_timings(bare, match, load_dir, sandbox)
+            beside = slice_timings(bare, match, load_dir, sandbox, unqueue)
             plain_compute += _compute_total(bare, plain)
             plain = with_loaded_compute(bare, plain, beside)
             loaded_compute += _compute_total(bare, plain)

@@ -4,6 +4,8 @@ The prism backend calls `issue` / `complete` / `wait_begin` / `wait_end` around 
 `prism_core.annotate` calls `push` / `pop`; the runtime calls `iteration_end` after each
 `optimizer.step()`. Each call closes the compute node that ran since the previous point. Rows
 are kept as small Python lists (cheap to append) and turned into columns once, at the end.
+Beside each compute node that had any, the time the recording thread waited for a core within it
+(`trace/run_delay.py`), in the part's `queued_node` / `queued_s`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.trace.flight import ISSUING, WAITING
+from prism_core.trace.run_delay import RunDelay
 from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE, REDUCE_CODE, WAIT
 
 _now = time.perf_counter
@@ -43,6 +46,9 @@ class Recorder:
         self.memory = None   # object with peak_bytes() / reset_peak() / current_bytes(), when memory is tracked
         self.live: list[tuple[int, int]] = []   # (compute node, live tensor bytes at its end): the memory plot
         self.flight = None   # trace.flight.Flight, when the launcher watches this rank
+        self._delay = RunDelay.of_this_thread()     # the thread that starts the recorder runs the program
+        self._delay_mark = self._delay.read() if self._delay is not None else 0
+        self.queued: list[tuple[int, int]] = []     # (compute node, ns its thread waited for a core)
 
     # -- points ------------------------------------------------------------------------------
     def _close_compute(self, now: float) -> None:
@@ -50,8 +56,19 @@ class Recorder:
         self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, 0, 0, self._mark, now])
         if self.memory is not None:
             self.live.append((len(self.rows) - 1, self.memory.current_bytes()))
+        if self._delay is not None:
+            delay = self._delay.read()
+            if delay > self._delay_mark:
+                self.queued.append((len(self.rows) - 1, delay - self._delay_mark))
+            self._delay_mark = delay
         self._mark = now
         self._last_issue = None
+
+    def _compute_from(self, now: float) -> None:
+        """Compute starts again at `now` (an op was issued, or a wait ended)."""
+        self._mark = now
+        if self._delay is not None:
+            self._delay_mark = self._delay.read()
 
     def push(self, label: str, mb: int, chunk: int) -> None:
         self._close_compute(_now())
@@ -108,7 +125,7 @@ class Recorder:
 
     def issued(self, idx: int) -> None:
         """The issue call returned: later time is compute (or the wait) again."""
-        self._mark = _now()
+        self._compute_from(_now())
         self._last_issue = idx
         if self.flight is not None:
             self.flight.idle()
@@ -137,14 +154,14 @@ class Recorder:
         if self.flight is not None:
             self.flight.idle()
         if inline:
-            self._mark = now
+            self._compute_from(now)
             self._last_issue = None
             return
         self.rows[idx][_ASYNC] = 1
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         self.rows.append([WAIT, self.rows[idx][1], self.rows[idx][2], -1, 0, 0, -1, -1, 0, idx, label, mb, chunk,
                           self.step, 0, 0, began, now])
-        self._mark = now
+        self._compute_from(now)
 
     # -- output ------------------------------------------------------------------------------
     def columns(self) -> dict[str, np.ndarray]:
@@ -167,8 +184,9 @@ class Recorder:
         tmp = directory / f".{self.rank}.{os.getpid()}.tmp.npz"
         columns = self.columns()           # closes the last compute node (and samples it)
         live = np.asarray(self.live, dtype=np.int64).reshape(-1, 2)
+        queued = np.asarray(self.queued, dtype=np.int64).reshape(-1, 2)
         np.savez(tmp, tables=np.frombuffer(json.dumps(self.tables()).encode(), dtype=np.uint8), **columns,
-                 live_node=live[:, 0], live_bytes=live[:, 1])
+                 live_node=live[:, 0], live_bytes=live[:, 1], queued_node=queued[:, 0], queued_s=queued[:, 1] * 1e-9)
         os.replace(tmp, path)
         return path
 

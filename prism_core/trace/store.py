@@ -61,6 +61,15 @@ def _read_part(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     return cols, tables
 
 
+def read_queued(part: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's compute nodes (local indices) and the seconds its thread waited for a core within
+    each (trace/run_delay.py), from its trace part; empty where none were noted."""
+    with np.load(part) as data:
+        if "queued_node" not in data.files:
+            return np.empty(0, np.int64), np.empty(0)
+        return data["queued_node"].astype(np.int64), data["queued_s"].astype(np.float64)
+
+
 def merge_parts(parts_dir: Path, world_size: int, ranks: list[int] | None = None) -> Trace:
     """Combine the per-rank files the ranks left behind into one job trace (global name tables).
 
