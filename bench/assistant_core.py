@@ -7,8 +7,9 @@ with its virtual peers. With the assistant on the other core, nothing but the ra
 rank's core. The difference between the two is what the assistant's share of the core adds to
 the rank's compute spans, which the calibration then carries into the prediction.
 
-Printed per round: the rank's compute per measured step (the sum of its compute spans) and its
-median step time in each placement, and their ratio; then the median ratio over rounds. By
+Printed per round, in each placement and as their ratio: the rank's compute per measured step
+(the sum of its compute spans), the same less its thread's waits for its core (as the calibration
+takes it, trace/run_delay.py) and its median step time; then the medians over rounds. By
 default the two runs of a round take turns of `--turns` seconds on the machine (bench/turns.py),
 their stopped time taken out, so that both see the same machine; `--turns 0` runs them one after
 the other (the machine's speed then moves the ratio by tens of percent, bench/host_noise.py).
@@ -40,6 +41,7 @@ from fidelity import _load  # noqa: E402  (bench scripts beside this one)
 from turns import take_turns, unstop_run  # noqa: E402
 
 PLACEMENTS = ("other core", "own core")
+FIGURES = ("compute", "compute less waits", "step")
 
 
 def run(cfg, graph_dir: Path, rank: int, out: Path, own_core: bool) -> None:
@@ -47,14 +49,16 @@ def run(cfg, graph_dir: Path, rank: int, out: Path, own_core: bool) -> None:
     run_slice(cfg, graph_dir, [rank], out, cores=[machine_cores()[0]] if own_core else None)
 
 
-def figures(cfg, graph, rank: int, out: Path) -> tuple[float, float]:
-    """The slice's rank's compute per measured step and median step time (s)."""
-    timing = slice_timings(graph.trace, match_ops(graph.trace), out, [rank])[rank]
+def figures(cfg, graph, rank: int, out: Path) -> tuple[float, float, float]:
+    """The slice's rank's compute per measured step as measured (wall) and less its thread's
+    waits for its core (as the calibration takes it), and its median step time (s)."""
+    match = match_ops(graph.trace)
     cols = graph.trace.rank(rank)
     measured = (cols["kind"] == COMPUTE) & (cols["step"] >= cfg.job.warmup)
-    steps = len(timing.step_times) - cfg.job.warmup
-    return float(timing.span[measured].sum()) / steps, \
-        statistics.median(timing.step_times[cfg.job.warmup:])
+    wall, unqueued = (slice_timings(graph.trace, match, out, [rank], unqueue=u)[rank] for u in (False, True))
+    steps = len(wall.step_times) - cfg.job.warmup
+    return (float(wall.span[measured].sum()) / steps, float(unqueued.span[measured].sum()) / steps,
+            statistics.median(wall.step_times[cfg.job.warmup:]))
 
 
 def main() -> None:
@@ -90,23 +94,23 @@ def main() -> None:
                 for where in order:
                     run(cfg, graph.directory, args.rank, outs[where], where == "own core")
             got = {where: figures(cfg, graph, args.rank, outs[where]) for where in order}
-            (oc, os_), (sc, ss) = got["other core"], got["own core"]
-            rows.append((oc, sc, os_, ss))
-            print(f"round {i + 1}/{args.rounds}: compute/step {1e3 * oc:.1f} ms (other core) {1e3 * sc:.1f} ms "
-                  f"(own core) x{sc / oc:.3f}; step {1e3 * os_:.1f} / {1e3 * ss:.1f} ms x{ss / os_:.3f}", flush=True)
+            rows.append([*got["other core"], *got["own core"]])
+            print(f"round {i + 1}/{args.rounds}: " + "; ".join(
+                f"{what} {1e3 * a:.1f} / {1e3 * b:.1f} ms x{b / a:.3f}"
+                for what, a, b in zip(FIGURES, got["other core"], got["own core"])), flush=True)
     a = np.array(rows)
     how = f"taking turns of {args.turns:g} s" if args.turns > 0 else "one after the other"
     print(f"\n{cfg.name}, rank {args.rank} real, {args.steps} steps ({args.steps - cfg.job.warmup} measured), "
-          f"{args.rounds} rounds, the two runs of a round {how}, which goes first alternating")
-    print(f"{'round':>5} {'compute other (ms)':>18} {'compute own (ms)':>16} {'ratio':>7} "
-          f"{'step other (ms)':>15} {'step own (ms)':>13} {'ratio':>7}")
-    for i, (oc, sc, os_, ss) in enumerate(a):
-        print(f"{i + 1:>5} {1e3 * oc:18.1f} {1e3 * sc:16.1f} {sc / oc:7.3f} {1e3 * os_:15.1f} {1e3 * ss:13.1f} "
-              f"{ss / os_:7.3f}")
-    print(f"{'median':>5} {1e3 * np.median(a[:, 0]):18.1f} {1e3 * np.median(a[:, 1]):16.1f} "
-          f"{np.median(a[:, 1] / a[:, 0]):7.3f} {1e3 * np.median(a[:, 2]):15.1f} {1e3 * np.median(a[:, 3]):13.1f} "
-          f"{np.median(a[:, 3] / a[:, 2]):7.3f}")
-    print("ratio: own core / other core, per round; the median is of the per-round ratios")
+          f"{args.rounds} rounds, the two runs of a round {how}, which goes first alternating; per step, ms: "
+          "assistant on the other core / on the rank's own core, and their ratio")
+    print(f"{'round':>6}" + "".join(f" {what:>26} {'ratio':>6}" for what in FIGURES))
+    for i, row in enumerate(a):
+        print(f"{i + 1:>6}" + "".join(f" {1e3 * row[k]:12.1f} / {1e3 * row[k + 3]:11.1f} {row[k + 3] / row[k]:6.3f}"
+                                      for k in range(3)))
+    print(f"{'median':>6}" + "".join(f" {1e3 * np.median(a[:, k]):12.1f} / {1e3 * np.median(a[:, k + 3]):11.1f} "
+                                     f"{np.median(a[:, k + 3] / a[:, k]):6.3f}" for k in range(3)))
+    print("compute: the sum of the rank's compute spans; less waits: without its thread's waits for its core "
+          "(what the calibration takes); the median ratio is of the per-round ratios")
 
 
 if __name__ == "__main__":

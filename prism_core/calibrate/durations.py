@@ -223,10 +223,7 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
 
 def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: dict[int, RankTiming],
                       source: np.ndarray) -> NodeModel:
-    """A compute span of a run that had an assistant leaves out the time the rank's thread waited for
-its core within it (`trace/run_delay.py`): an assistant sharing the rank's core (each member's,
-in a co-run on 2 cores) takes that time, which the full job never spends.
-Collectives whose members were timed in different runs: every member takes the op's mean
+    """Collectives whose members were timed in different runs: every member takes the op's mean
     transfer over its members.
 
     Members of a real collective leave it together, give or take what their order of arrival

@@ -186,3 +186,52 @@ def test_steps_running_other_nodes_are_not_reordered():
     noisy, _ = replica_noise(trace, model, np.zeros(2, dtype=np.int64), first_step=1)
     compute_of = [noisy.span[trace.rank_slice(1)][trace.rank(1)["kind"] == COMPUTE].tolist()]
     assert compute_of == [[1.0, 0.2, 0.3, 0.1]]               # steps 1 and 3 swapped, step 2 kept
+
+
+# ---------------------------------------------------------------- waits for the core (run delay)
+
+def _slice_with_waits(tmp_path, arrivals: bool):
+    """Two ranks: compute 1 s, an all-reduce 0.1 s, compute 0.9 s; within their compute the ranks'
+    threads waited 0.25 s and 0.5 s for their core."""
+    from prism_core.trace import merge_parts
+    from prism_core.trace.recorder import Recorder
+    from tests.trace._build import blocking
+
+    parts = tmp_path / "trace_parts"
+    for r in (0, 1):
+        rec = Recorder(r)
+        blocking(rec, "allreduce", "world", (0, 1), 64)
+        path = rec.write_part(parts)
+        with np.load(path) as data:
+            cols = {k: data[k] for k in data.files}
+        assert cols["kind"].tolist() == [COMPUTE, COMM, COMPUTE]
+        cols["t_start"], cols["t_end"] = np.array([0.0, 1.0, 1.1]), np.array([1.0, 1.1, 2.0])
+        cols["queued_node"], cols["queued_s"] = np.array([0, 2]), np.array([0.25, 0.5])
+        np.savez(path, **cols)
+        (tmp_path / "results").mkdir(exist_ok=True)
+        (tmp_path / "results" / f"{r}.json").write_text(json.dumps({"step_times_s": [2.0]}))
+    bare = merge_parts(parts, 2)
+    if arrivals:
+        (tmp_path / "replay").mkdir()
+        np.save(tmp_path / "replay" / "arrivals.npy", np.array([0.0, 1.0, 1.1] * 2))
+    return bare, match_ops(bare)
+
+
+def test_a_run_with_an_assistant_takes_the_waits_for_the_core_out_of_compute(tmp_path):
+    from prism_core.calibrate.durations import slice_timings
+
+    bare, match = _slice_with_waits(tmp_path, arrivals=True)
+    t = slice_timings(bare, match, tmp_path, [0])[0]
+    assert t.span[[0, 2]] == pytest.approx([0.75, 0.4])
+    assert t.transfer[1] == pytest.approx(0.1)                # communication keeps its times
+    kept = slice_timings(bare, match, tmp_path, [0], unqueue=False)[0]
+    assert kept.span[[0, 2]] == pytest.approx([1.0, 0.9])
+
+
+def test_a_real_run_of_every_rank_keeps_its_compute_whole(tmp_path):
+    from prism_core.calibrate.durations import slice_timings
+
+    bare, match = _slice_with_waits(tmp_path, arrivals=False)   # no assistant: `prism record`
+    timings = slice_timings(bare, match, tmp_path, [0, 1])
+    for r in (0, 1):
+        assert timings[r].span[[0, 2]] == pytest.approx([1.0, 0.9])

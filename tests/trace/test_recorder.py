@@ -227,3 +227,42 @@ def test_annotate_with_sink_records(no_sink):
         (COMPUTE, "", -1, -1),
     ]
     assert prism_core.annotate("after") is annotations._NOOP
+
+
+class _ScriptedDelay:
+    """Stands in for the thread's run delay: the test sets how long it has waited so far."""
+
+    def __init__(self):
+        self.ns = 0
+
+    def read(self) -> int:
+        return self.ns
+
+
+def test_waits_for_the_core_are_noted_per_compute_node_and_not_within_ops(tmp_path):
+    rec = Recorder(0)
+    rec._delay, rec._delay_mark = _ScriptedDelay(), 0
+    rec._delay.ns = 30_000_000                   # waited 30 ms within the first compute node
+    idx = rec.issue("allreduce", "world", WORLD, -1, 64, "float32")
+    rec._delay.ns = 40_000_000                   # 10 ms within the issue call: the op's, not compute's
+    rec.issued(idx)
+    inline, began = rec.wait_begin(idx, blocking=True)
+    rec._delay.ns = 45_000_000                   # 5 ms within the wait
+    rec.wait_end(idx, inline, began)
+    rec.push("fwd", 0, 0)                        # a compute node without any wait: nothing noted
+    rec._delay.ns = 65_000_000                   # 20 ms within the labelled compute
+    rec.pop()
+    assert rec.queued == [(0, 30_000_000), (3, 20_000_000)]
+    assert [rec.rows[n][0] for n, _ in rec.queued] == [COMPUTE, COMPUTE]
+    with np.load(rec.write_part(tmp_path)) as part:
+        assert part["queued_node"].tolist() == [0, 3]
+        assert part["queued_s"] == pytest.approx([0.03, 0.02])
+
+
+def test_a_recorder_without_the_figure_notes_nothing(tmp_path):
+    rec = Recorder(0)
+    rec._delay = None
+    blocking(rec, "allreduce", "world", WORLD, 64)
+    assert rec.queued == []
+    with np.load(rec.write_part(tmp_path)) as part:
+        assert len(part["queued_node"]) == 0
