@@ -2,10 +2,11 @@
 assistant on another core, then on the rank's own core, alternating.
 
 In a co-run on 2 cores (the loaded runs of the slices, replay/slices.py `run_together`) each
-member's assistant shares its rank's core, and it runs while that rank waits for a collective
-with its virtual peers. With the assistant on the other core, nothing but the rank runs on the
-rank's core. The difference between the two is what the assistant's share of the core adds to
-the rank's compute spans, which the calibration then carries into the prediction.
+member's assistant shares its rank's core. Here, in a plain slice, it works mostly while its rank
+waits in a collective with its virtual peers (in a co-run its pacing also has it work while its
+rank computes). With the assistant on the other core, nothing but the rank runs on the rank's
+core. The difference between the two is what sharing the core adds to the rank's compute spans,
+beyond the waits for the core that the calibration takes out.
 
 Printed per round, in each placement and as their ratio: the rank's compute per measured step
 (the sum of its compute spans), the same less its thread's waits for its core (as the calibration
