@@ -105,3 +105,29 @@ def test_a_stop_does_not_shorten_what_the_virtual_rank_computes(tmp_path, monkey
     # the step that held the stop: rank 1's compute still took its time once the stop is out
     # (unmoved, its timer would fire at once on the continue, and the step would read ~0 s)
     assert steps[1:].min() > 0.2, steps
+
+
+def test_a_completion_after_a_stop_is_not_moved_by_it(tmp_path):
+    """A virtual rank's op completes after its launch continued: the completion's time reaches the
+    rank's clock as it is, and the stop moves only what was set before it (moved too, a tp2
+    emulation taking turns lost the whole stop again at such ops)."""
+    import queue
+    from collections import deque
+
+    from prism_core.replay.assistant import Assistant, _Handle
+
+    path = tmp_path / "stopped"
+    write_stopped(path, 0.0)
+    a = object.__new__(Assistant)       # only the loop's times: no graph, no gloo
+    a.events, a.timers, a._targets, a._due, a._woken = queue.SimpleQueue(), [], {}, {}, {}
+    a.stopped, a._slipped = StoppedTime(path), 0.0
+    a.clock = {1: 10.0}                 # rank 1 issued its op at 10.0; the launch then stopped 0.3 s
+    write_stopped(path, 0.3)            # the stopper writes before it continues the launch
+    done = _Handle()
+    done.waiters, done.when = [1], 10.35     # the op completed after the continue
+    ready: deque = deque()
+    a._take_events(done, ready)
+    assert done.done and list(ready) == [1]
+    assert a.clock[1] == pytest.approx(10.35)
+    a._slip()                           # the loop's next look at the stopped time
+    assert a.clock[1] == pytest.approx(10.35)
