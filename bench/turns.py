@@ -7,7 +7,10 @@ one after the other cannot be compared at a few percent. Taking turns, every `tu
 machine, second by second. Each launch's stops are noted on the monotonic clock the traces use;
 `unstop_run` then takes the stopped time out of a finished run's trace parts, the assistant's
 arrival times and the ranks' step times, so that the run reads as if it had run alone (what
-stays is the cost of caches left cold after each stop, alike for every launch).
+stays is the cost of caches left cold after each stop, alike for every launch). A stop ends
+where the continue is sent, after the next launch's process groups were read; and a launch
+that has ended keeps its turns, idle, so that no launch runs its last steps unstopped while
+the steps it is compared with were stopped every turn.
 
 A replay in calibrated time (an emulation) cannot be corrected so afterwards: its assistant
 waits on the wall clock, and a stop would shorten what it was waiting for. Each launch's
@@ -28,7 +31,7 @@ import numpy as np
 import psutil
 
 from prism_core.launch.launcher import _group_alive
-from prism_core.replay.stopped import ENV_STOPPED_FILE, write_stopped
+from prism_core.replay.stopped import ENV_STOPPED_FILE, StoppedWriter
 
 Stops = list[tuple[float, float]]       # (stopped at, continued at), time.monotonic
 
@@ -65,10 +68,15 @@ def _signal_groups(groups: list[int], sig: int) -> None:
             pass
 
 
-def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: list[Path]) -> list[Stops]:
+def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: list[Path],
+               keep_cadence: bool = True) -> list[Stops]:
     """Run `cmds` (each in a session of its own, output to its log) taking turns of `turn_s`
     seconds until all have exited; each one's stops. A launch that fails, or a timeout, stops
     every launch and kills all their processes (TurnsError).
+
+    `keep_cadence`: a launch that has ended keeps its turns, idle, so that the others are stopped
+    and continued as before to their own end (a launch left to run alone would run its last
+    steps unstopped, unlike the steps it is compared with); False gives its turns to the others.
 
     Each launch's stopped seconds so far are kept in `<log>.stopped`, named to it by
     `PRISM_STOPPED_FILE` and written before each continue: an emulation's assistant moves its
@@ -78,9 +86,11 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
     stops: list[Stops] = [[] for _ in cmds]
     stopped_at: list[float | None] = [None] * len(cmds)
     stopped_files = [Path(f"{log}.stopped") for log in logs]
+    writers: list[StoppedWriter] = []
     try:
         for i, (cmd, log) in enumerate(zip(cmds, logs)):
-            write_stopped(stopped_files[i], 0.0)
+            stopped_files[i].unlink(missing_ok=True)
+            writers.append(StoppedWriter(stopped_files[i]))
             with open(log, "wb") as out:
                 procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               start_new_session=True,
@@ -92,7 +102,7 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
         cur, deadline = 0, time.monotonic() + timeout_s
         while True:
             end_of_turn = time.monotonic() + turn_s
-            while time.monotonic() < end_of_turn and procs[cur].poll() is None:
+            while time.monotonic() < end_of_turn and (keep_cadence or procs[cur].poll() is None):
                 time.sleep(0.01)
             groups = _groups(procs[cur].pid)      # read while it runs: stopping is then one signal per group
             known[cur].update(groups)
@@ -104,16 +114,21 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
                 return stops
             if time.monotonic() > deadline:
                 raise TurnsError(f"the launches ran past {timeout_s:g} s; still running: {live}")
-            nxt = min(live, key=lambda i: (i - cur - 1) % len(procs))
+            nxt = (cur + 1) % len(procs) if keep_cadence else min(live, key=lambda i: (i - cur - 1) % len(procs))
             if nxt != cur:
                 if procs[cur].poll() is None:
                     _signal_groups(groups, signal.SIGSTOP)
                     stopped_at[cur] = time.monotonic()
+                cur = nxt
+                if procs[nxt].poll() is not None:     # an ended launch's turn: nothing runs in it
+                    continue
+                waking = _groups(procs[nxt].pid)
+                # the stop ends here, just before the continue: what came before it (reading the
+                # launch's groups, ~1-4 ms) was stopped time too
                 stops[nxt].append((stopped_at[nxt], time.monotonic()))
                 stopped_at[nxt] = None
-                write_stopped(stopped_files[nxt], sum(b - a for a, b in stops[nxt]))
-                _signal_groups(_groups(procs[nxt].pid), signal.SIGCONT)
-                cur = nxt
+                writers[nxt].set(sum(b - a for a, b in stops[nxt]))
+                _signal_groups(waking, signal.SIGCONT)
     finally:
         for p, groups in zip(procs, known):
             if p.poll() is None or any(_group_alive(g) for g in groups - {p.pid}):

@@ -20,15 +20,24 @@ import numpy as np
 ENV_STOPPED_FILE = "PRISM_STOPPED_FILE"
 
 
+class StoppedWriter:
+    """The writer's side, its map kept open: each `set` is one store into a shared map, which every
+    reader's map sees at once (opening and syncing a map took 4-7 ms here, time in which the
+    launch would stay stopped uncounted if it came after the stop's end was noted)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        if not self.path.exists():
+            np.zeros(1, dtype=np.float64).tofile(self.path)
+        self.mm = np.memmap(self.path, dtype=np.float64, mode="r+", shape=(1,))
+
+    def set(self, total_s: float) -> None:
+        self.mm[0] = total_s
+
+
 def write_stopped(path: Path, total_s: float) -> None:
-    """Set the stopped seconds so far (the writer's side; one store into a shared map)."""
-    path = Path(path)
-    if not path.exists():
-        np.zeros(1, dtype=np.float64).tofile(path)
-    mm = np.memmap(path, dtype=np.float64, mode="r+", shape=(1,))
-    mm[0] = total_s
-    mm.flush()
-    del mm
+    """Set the stopped seconds so far, once (a writer that stays open: `StoppedWriter`)."""
+    StoppedWriter(path).set(total_s)
 
 
 class StoppedTime:

@@ -85,3 +85,24 @@ def test_stopped_time_comes_out_of_times_and_steps(tmp_path):
     assert np.allclose(json.loads((run / "results" / "0.json").read_text())["step_times_s"], [0.9, 2.4, 0.9])
     with np.load(run / "trace_parts" / "0.npz") as part:
         assert np.allclose(part["t_start"], [0.0, 1.1, 2.0, 3.6])
+
+
+def test_a_launch_that_ended_keeps_its_turns_idle(tmp_path):
+    """The other launch is stopped and continued to its end as before: none of its steps run
+    unstopped for want of a turn-mate (False: it then runs alone, never stopped again)."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    quick = [sys.executable, "-c", "pass"]
+    for keep in (True, False):
+        out = tmp_path / f"a-{keep}.json"
+        stops = take_turns([[sys.executable, str(script), str(out), "parent"], quick], 0.1, 60,
+                           [tmp_path / f"a-{keep}.log", tmp_path / f"q-{keep}.log"], keep_cadence=keep)
+        units = np.concatenate([np.array(json.loads(Path(f).read_text())) for f in (out, f"{out}.child")])
+        ran = units[:, 1].max() - units[:, 0].min()        # the ticker's 1.2 s of work, and its stops
+        stopped = sum(b - a for a, b in stops[0])
+        if keep:
+            # about half the time stopped: the quick launch's turns went on, idle, after it ended
+            assert len(stops[0]) >= 4 and stopped > 0.3 * ran, (len(stops[0]), stopped, ran)
+        else:
+            assert len(stops[0]) <= 3 and stopped < 0.35, (len(stops[0]), stopped, ran)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]

@@ -21,7 +21,7 @@ from prism_core.calibrate.stage import time_and_calibrate
 from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.emulate.stage import emulate
-from prism_core.replay.stopped import ENV_STOPPED_FILE, StoppedTime, write_stopped
+from prism_core.replay.stopped import ENV_STOPPED_FILE, StoppedTime, StoppedWriter, write_stopped
 from prism_core.trace.flight import read_steps
 
 from tests.jobs import assert_nothing_left, make_job
@@ -57,6 +57,11 @@ def test_written_and_read_back(tmp_path):
     assert reader.total() == 0.0
     write_stopped(path, 1.25)
     assert reader.total() == 1.25           # the reader's map sees the store without reopening
+    writer = StoppedWriter(path)            # the stopper's side, kept open across its turns
+    assert reader.total() == 1.25           # opening it keeps what was there
+    for total in (1.5, 2.75):
+        writer.set(total)
+        assert reader.total() == total
 
 
 def test_missing_file_is_named(tmp_path, monkeypatch):
