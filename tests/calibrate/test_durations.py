@@ -138,6 +138,18 @@ def test_replicas_compute_the_timed_ranks_steps_in_other_orders_and_wait_for_the
     assert np.diff(same[trace.rank_slice(0)][1::2]) == pytest.approx([0.11, 0.31, 0.21, 0.41])   # copies never wait
 
 
+def test_replica_orders_spread_over_the_measured_steps():
+    """Two replicas over six measured steps: the second takes the step three before, not the one
+    before (neighbouring steps are alike on a machine whose speed holds for seconds)."""
+    spans = [1.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    trace, model = _replicas(2, spans)
+    noisy, shares = replica_noise(trace, model, np.zeros(2, dtype=np.int64), first_step=1, orders=replica_orders(2))
+    compute_of = lambda r: noisy.span[trace.rank_slice(r)][trace.rank(r)["kind"] == COMPUTE].tolist()
+    assert compute_of(0) == spans
+    assert compute_of(1) == [1.0, 0.4, 0.5, 0.6, 0.1, 0.2, 0.3]
+    assert shares.tolist() == [0, 1]
+
+
 def test_ranks_timed_themselves_keep_their_spans():
     trace, model = _replicas(3, [0.1, 0.3, 0.2])
     noisy, shares = replica_noise(trace, model, np.arange(3), first_step=0)
