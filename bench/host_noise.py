@@ -9,7 +9,8 @@ core: the passes per window (median, 5th and 95th percentile) and their coeffici
 variation; the coefficient of variation of the means of `--block`-second blocks (about one
 fidelity run's measured steps) and the slowest block's mean over the fastest's. Then the
 per-window correlation of the first two cores (near 1: the whole machine speeds up and slows
-down at once).
+down at once), and per block the first core's speed over the second's in the same seconds (far
+from 1: where a rank runs, not only when, moves its compute).
 
     .venv/bin/python bench/host_noise.py [--seconds 60] [--window 0.5] [--block 6] [--cores 2]
 """
@@ -104,6 +105,11 @@ def main() -> None:
     if len(counts) > 1:
         a, b = (counts[c] for c in cores[:2])
         print(f"correlation of cores {cores[0]} and {cores[1]} per window: {np.corrcoef(a, b)[0, 1]:+.2f}")
+        n = len(a) // per_block * per_block
+        ratio = a[:n].reshape(-1, per_block).mean(axis=1) / b[:n].reshape(-1, per_block).mean(axis=1)
+        print(f"core {cores[0]} over core {cores[1]} per {args.block:g} s block (the same seconds): median "
+              f"{np.median(ratio):.3f}, from {ratio.min():.3f} to {ratio.max():.3f}; median |ratio - 1| "
+              f"{100 * np.median(np.abs(ratio - 1)):.1f}%")
 
 
 if __name__ == "__main__":

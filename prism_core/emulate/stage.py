@@ -36,7 +36,10 @@ def emulate(cfg: PrismConfig, graph_dir: Path, timeline: Path, out_dir: Path,
     ranks = sorted(cfg.emulation.ranks_of_interest)
     warmup = cfg.job.warmup
     try:
-        results = run_with_assistant(cfg, graph_dir, ranks, out_dir, Path(timeline), progress=progress)
+        # each rank of interest on the core it holds in `prism record` where the job fits the machine:
+        # this machine's cores each have their own speed from second to second (bench/host_noise.py)
+        results = run_with_assistant(cfg, graph_dir, ranks, out_dir, Path(timeline), progress=progress,
+                                     job_cores=True)
         document = metrics_document("emulated", cfg.job.world_size, {
             r: rank_metrics(r, res["step_times_s"], warmup, result_peak(res, warmup)) for r, res in results.items()})
     except LaunchError as err:

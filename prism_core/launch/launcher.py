@@ -63,6 +63,7 @@ class LaunchSpec:
     bind_cores: bool = False  # each started rank on a core of its own, when they fit (launch/cores.py)
     neighbour_load: bool = False  # bound, with a helper, alone: compute on the helper's cores (launch/neighbour_load.py)
     cores: list[int] | None = None  # one launch of a co-run: its started ranks on these cores, the helper too
+    job_cores: bool = False  # bound alone: each started rank on the core it holds in the whole job (`place`)
     stop: threading.Event | None = None  # set from outside: the job is killed and `LaunchStopped` raised
 
     @property
@@ -214,7 +215,8 @@ class _Job:
             if self.spec.cores is not None:
                 self.placement, why = place_on(self.spec.started_ranks, self.spec.cores)
             else:
-                self.placement, why = place(self.spec.started_ranks, self.spec.helper is not None, max(loads, 0))
+                self.placement, why = place(self.spec.started_ranks, self.spec.helper is not None, max(loads, 0),
+                                            job_cores=self.spec.job_cores)
             if self.placement is None:
                 doc = {"bound": False, "reason": why}
             else:

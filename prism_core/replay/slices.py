@@ -117,8 +117,10 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
     if (out_dir / SLICE_DONE).is_file():
         return SliceOutput(out_dir, sorted(sandbox), True)
     unbounded = cfg.model_copy(update={"job": cfg.job.model_copy(update={"device_memory_bytes": None})})
+    # alone, each sandbox rank on the core it holds in the whole job: this machine's cores each
+    # have their own speed from second to second (bench/host_noise.py), and the record's are those
     results = run_with_assistant(unbounded, graph_dir, sandbox, out_dir, timing, neighbour_load=neighbour_load,
-                                 cores=cores, pacing=pacing, stop=stop)
+                                 cores=cores, pacing=pacing, stop=stop, job_cores=cores is None)
     write_json_atomic(out_dir / SLICE_DONE, {"sandbox": sorted(sandbox), "pid": os.getpid(),
                                              "steps": {str(r): len(res["step_times_s"]) for r, res in results.items()}})
     return SliceOutput(out_dir, sorted(sandbox), False)
@@ -127,14 +129,15 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
 def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
                        timing: Path | None = None, progress=None, neighbour_load: bool = False,
                        cores: list[int] | None = None, pacing: Pacing | None = None,
-                       stop: threading.Event | None = None) -> dict[int, dict]:
+                       stop: threading.Event | None = None, job_cores: bool = False) -> dict[int, dict]:
     """Launch the sandbox ranks (the real program, instrumented as in `prism record`) and the replay
     assistant for every other rank; return each sandbox rank's result or raise `LaunchError`.
 
     Used by the slices (structure only, or a refining pass) and by the emulation (calibrated time).
     `progress(steps)`: called as the steps every sandbox rank has completed grow. `cores`: the
     sandbox ranks' cores, when bound (one member of a co-run, `run_together`); `pacing`: that
-    member's pacing (replay/pacing.py); `stop`: set to stop the launch (`LaunchStopped`).
+    member's pacing (replay/pacing.py); `stop`: set to stop the launch (`LaunchStopped`);
+    `job_cores`: each sandbox rank on the core it holds in the whole job (`launch/cores.place`).
     """
     out_dir = Path(out_dir)
     for sub in ("results", "errors", "trace_parts", "flight", "logs", "replay"):
@@ -163,7 +166,7 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
                       helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
-                      neighbour_load=neighbour_load, cores=cores, stop=stop)
+                      neighbour_load=neighbour_load, cores=cores, stop=stop, job_cores=job_cores)
     return launch(spec)
 
 

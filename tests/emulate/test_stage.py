@@ -76,6 +76,8 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
     assert placement["bound"] == (len(machine_cores()) >= 2)
     if placement["bound"]:                        # the assistant on cores apart from the rank's
         assert placement["assistant"] and not set(placement["assistant"]) & set(placement["ranks"].values())
+        # rank 1 on the core it holds in `prism record` (the job fits the machine), not the first free one
+        assert placement["ranks"] == {"1": machine_cores()[1]}
     assert entry["peak_memory_bytes"] == real["ranks"]["1"]["peak_memory_bytes"]
     assert_no_rank_processes()
 

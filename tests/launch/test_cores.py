@@ -38,6 +38,20 @@ def test_with_an_assistant_the_last_core_stays_free_for_it(four_cores):
     assert b.ranks == {5: 0} and b.helper == [1, 2, 3]    # every core no rank holds
 
 
+def test_job_cores_put_each_rank_where_the_whole_job_has_it(four_cores):
+    a, _ = place([3], helper=True, job_cores=True)         # an emulation of rank 3 of a W<=4 job
+    assert a.ranks == {3: 3} and a.helper == [0, 1, 2]
+    a.release()
+    b, _ = place([1, 2], helper=True, job_cores=True)
+    assert b.ranks == {1: 1, 2: 2} and b.helper == [0, 3]
+    b.release()
+    c, _ = place([9], helper=True, job_cores=True)         # a job larger than the machine: the usual cores
+    assert c.ranks == {9: 0} and c.helper == [1, 2, 3]
+    c.release()
+    e, _ = place([0, 1, 2, 3], helper=True, job_cores=True)   # no core left for the assistant: none bound
+    assert e is None
+
+
 def test_load_cores_go_to_a_launch_placed_alone_and_are_held_from_later_ones(four_cores):
     a, _ = place([0], helper=True, loads=2)
     assert a.ranks == {0: 0} and a.helper == [1, 2, 3] and a.loads == [1, 2]
