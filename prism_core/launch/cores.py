@@ -15,13 +15,13 @@ rank core. A launch that does not fit runs unbound, and says so in its `placemen
 `job.cpu_binding: none` turns binding off. A slice or an emulation placed on its own puts each
 sandbox rank on the core that rank holds in the whole job, where the job fits the machine
 (`job_cores`): this machine's two cores each have a speed of their own from second to second
-(`bench/host_noise.py`: the same work 8% apart in a median 6-s block, 0.80-1.08), so that rank 1
-timed or emulated on core 0 is measured on another device than the record's. A launch may also ask for cores for a neighbour
-load (launch/neighbour_load.py): it gets them only while no other launch is placed, and holds
-them, so that the load never runs beside another launch's ranks or assistant. The launches of
-a co-run (replay/slices.py `run_together`) are each given their ranks' cores (`place_on`), each
-assistant on its own slice's cores: it then takes no time from the other slices' ranks, whose
-compute spans are what a co-run measures.
+(`bench/host_noise.py`: the same work 8% apart in a median 6-s block, 0.80-1.08), and rank 1
+timed or emulated on core 0 was measured on another device than the record's. A launch may also
+ask for cores for a neighbour load (launch/neighbour_load.py): it gets them only while no other
+launch is placed, and holds them, so that the load never runs beside another launch's ranks or
+assistant. The launches of a co-run (replay/slices.py `run_together`) are each given their
+ranks' cores (`place_on`), each assistant on its own slice's cores: it then takes no time from
+the other slices' ranks, whose compute spans are what a co-run measures.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def place(ranks: list[int], helper: bool, loads: int = 0, job_cores: bool = Fals
     """A core for each of `ranks` (and, with a helper, at least one other core for it), or None
     and why not; with a helper, up to `loads` of its cores held for a neighbour load when no
     other launch is placed (`Placement.loads`, empty otherwise). `job_cores`: rank r on the r-th
-    core, the one it holds when the whole job is placed (`prism record`), where that core is free
-    and one is left for the helper (an emulation, run alone)."""
+    core, the one it holds when the whole job is placed (`prism record`), where no other launch
+    is placed and a core is left for the helper (a slice or an emulation on its own)."""
     global _placed
     cores = machine_cores()
     if not cores:
@@ -82,8 +82,7 @@ def place(ranks: list[int], helper: bool, loads: int = 0, job_cores: bool = Fals
             return None, (f"{len(ranks)} rank(s){' and the assistant' if helper else ''} need {need} cores; "
                           f"{len(free) + (1 if helper else 0)} of the machine's {len(cores)} are free")
         chosen = free[:len(ranks)]
-        if job_cores and all(r < len(cores) for r in ranks) and len(cores) > len(ranks) \
-                and not {cores[r] for r in ranks} & _held:
+        if job_cores and _placed == 0 and all(r < len(cores) for r in ranks) and len(cores) > len(ranks):
             chosen = [cores[r] for r in ranks]
         rest = [c for c in cores if c not in _held and c not in chosen] if helper else []
         loaded = rest[:loads] if _placed == 0 else []

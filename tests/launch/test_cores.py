@@ -50,6 +50,9 @@ def test_job_cores_put_each_rank_where_the_whole_job_has_it(four_cores):
     c.release()
     e, _ = place([0, 1, 2, 3], helper=True, job_cores=True)   # no core left for the assistant: none bound
     assert e is None
+    other, _ = place([5], helper=True)                        # beside another launch: the usual cores
+    f, _ = place([2], helper=True, job_cores=True)
+    assert other.ranks == {5: 0} and f.ranks == {2: 1}
 
 
 def test_load_cores_go_to_a_launch_placed_alone_and_are_held_from_later_ones(four_cores):
