@@ -21,7 +21,7 @@ machine; two records of one job then differ by ~1% here against ~6% one after th
 (`_turns_pair`); `--no-emulate` leaves them out.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate]]
+                                       [--turns 0.3 [--no-emulate]] [--keep DIR]
 
 Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a
 machine with more cores: the real run must fit, W <= cores, for the comparison to mean much).
@@ -186,6 +186,7 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
         runs = runs[1:] + runs[:1]
     stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs], args.turns, 3600,
                        [root / "logs" / f"{n}.log" for n in range(len(runs))])
+    _note_stops(root / "logs" / "stops.json", [[str(d) for d in dirs] for _, dirs in runs], stops)
     for (_, run_dirs), s in zip(runs, stops):
         for run_dir in run_dirs:
             unstop_run(run_dir, s)
@@ -205,11 +206,18 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
         runs = runs[1:] + runs[:1]
     stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs],
                        args.turns, 3600, [root / "logs" / f"e{n}.log" for n in range(len(runs))])
+    _note_stops(root / "logs" / "e_stops.json", [[str(d)] for _, d in runs], stops)
     for (_, run_dir), s in zip(runs, stops):
         unstop_run(run_dir, s)
     out["emul_real"] = _figure(root / "record_e", world, warmup)
     out["emul"] = statistics.mean(_rank_figure(root / f"emulate_{r}", r, warmup) for r in range(world))
     return out
+
+
+def _note_stops(path: Path, run_dirs: list[list[str]], stops) -> None:
+    """Each launch's run directories and stops ([start, end] on the runs' clock), for `--keep`."""
+    path.write_text(json.dumps([{"runs": d, "stops": [[float(a), float(b)] for a, b in s]}
+                                for d, s in zip(run_dirs, stops)]))
 
 
 def _rank_figure(run_dir: Path, rank: int, warmup: int) -> float:
@@ -266,6 +274,8 @@ def main() -> None:
                         help="what computes beside the slices' loaded runs (emulation.neighbours)")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
+    parser.add_argument("--keep", type=Path, help="copy each pair's runs (and with --turns their stops) under "
+                        "KEEP/<config>/pair<i> to read afterwards")
     parser.add_argument("--launch", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -295,6 +305,9 @@ def main() -> None:
                 pair["plain"] = float("nan") if unloaded is None else unloaded
                 pair["queued"] = _variant(cfg, graph, root, "queued") if args.passes == 1 else float("nan")
                 pairs.append(pair)
+                if args.keep:
+                    shutil.copytree(root, args.keep / cfg.name / f"pair{i}", ignore=shutil.ignore_patterns("collect"),
+                                    dirs_exist_ok=True)
                 real = pair["real"]
                 print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real:.4f} s  predicted {pair['pred']:.4f} s "
                       f"({_pct(pair['pred'], real)})  emulated {pair['emul']:.4f} s "

@@ -79,12 +79,19 @@ def test_stopped_time_comes_out_of_times_and_steps(tmp_path):
     (run / "results").mkdir()
     t_start = np.array([0.0, 3.1, 4.0, 6.6])
     t_end = np.array([0.9, 3.9, 6.5, 7.4])
-    np.savez(run / "trace_parts" / "0.npz", t_start=t_start, t_end=t_end, step=np.array([0, 1, 1, 2]))
+    # waits for a core: node 2 held the 1-s stop, which the kernel counted as waiting (or not, rank 1)
+    np.savez(run / "trace_parts" / "0.npz", t_start=t_start, t_end=t_end, step=np.array([0, 1, 1, 2]),
+             queued_node=np.array([1, 2]), queued_s=np.array([0.05, 1.2]))
+    np.savez(run / "trace_parts" / "1.npz", t_start=t_start, t_end=t_end, step=np.array([0, 1, 1, 2]),
+             queued_node=np.array([2]), queued_s=np.array([0.4]))
     (run / "results" / "0.json").write_text(json.dumps({"step_times_s": [0.9, 3.4, 0.9]}))
     unstop_run(run, stops)
     assert np.allclose(json.loads((run / "results" / "0.json").read_text())["step_times_s"], [0.9, 2.4, 0.9])
     with np.load(run / "trace_parts" / "0.npz") as part:
         assert np.allclose(part["t_start"], [0.0, 1.1, 2.0, 3.6])
+        assert np.allclose(part["queued_s"], [0.05, 0.2])
+    with np.load(run / "trace_parts" / "1.npz") as part:
+        assert part["queued_s"].tolist() == [0.0]
 
 
 def test_a_launch_that_ended_keeps_its_turns_idle(tmp_path):
