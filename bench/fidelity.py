@@ -274,8 +274,8 @@ def main() -> None:
                         help="what computes beside the slices' loaded runs (emulation.neighbours)")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
-    parser.add_argument("--keep", type=Path, help="copy each pair's runs (and with --turns their stops) under "
-                        "KEEP/<config>/pair<i> to read afterwards")
+    parser.add_argument("--keep", type=Path, help="copy the graph and each pair's runs (and with --turns their "
+                        "stops) under KEEP/<config>/ to read afterwards")
     parser.add_argument("--launch", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -296,6 +296,8 @@ def main() -> None:
                       "oversubscribed, so the comparison says little")
             root = Path(tmp) / cfg.name
             graph = collect(cfg, root / "collect")
+            if args.keep:
+                shutil.copytree(root / "collect", args.keep / cfg.name / "collect", dirs_exist_ok=True)
             pairs = []
             for i in range(args.pairs):
                 pair = (_turns_pair(cfg, graph, root, i, args) if args.turns > 0
