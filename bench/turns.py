@@ -179,9 +179,10 @@ def unstop_run(run_dir: Path, stops: Stops) -> None:
         with np.load(part) as data:
             columns = {k: data[k] for k in data.files}
         if len(columns.get("queued_node", ())):
-            # The kernel counts some stops as waiting for a core: in the compute nodes that held a
-            # stop (about 1% of them) lay 50-90% of a run's waits, and every wait over 50 ms
-            # (up to 650 ms). A node's wait loses the time it was stopped.
+            # A stop can come back as a wait for a core (the kernel's run delay): in the compute
+            # nodes that held a stop (about 1% of them) lay 50-90% of a run's waits, and every
+            # wait over 50 ms (up to 650 ms; README item 15). A node's wait loses the time it
+            # was stopped.
             nodes = columns["queued_node"]
             held = stopped_within(columns["t_start"][nodes], columns["t_end"][nodes], stops)
             columns["queued_s"] = np.maximum(columns["queued_s"] - held, 0.0)
