@@ -10,8 +10,13 @@ small tensors (a working set of a few MiB, as a small rank's), run on one core i
 so that any thread of the assistant in the normal class takes the core from it at once; one
 in the idle class (the gloo loops) does not preempt it, so the load works in short units and
 yields the core after each. It runs until its deadline or until the launcher that started
-it is gone. It also slows the assistant's part of every collective on that core, so a slice
-takes only its compute spans from a run beside it, a run of its own (calibrate/durations.py).
+it is gone. Only the thread that computes is in the idle class: beside busy cores such a thread
+gets about 0.15% of one, so torch's import had not ended a minute after it began there, and a process
+wholly in the class did not notice its launcher had gone, nor exit, for over 10 s. The main
+thread imports, watches and exits in the normal class; at the end it puts the compute thread back
+in the normal class too, for a process is gone only once all its threads are. It also slows the
+assistant's part of every collective on that core, so a slice takes only its compute spans from
+a run beside it, a run of its own (calibrate/durations.py).
 
     python -m prism_core.launch.neighbour_load --seconds S --parent PID
 """
@@ -20,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 
 CHECK_EVERY_S = 0.2
+JOIN_S = 10.0   # a step takes the idle thread well under a second of wall time even when starved
 
 
 class Load:
@@ -50,27 +58,55 @@ class Load:
 
 
 def set_idle_class() -> bool:
-    """This process in SCHED_IDLE (False where the platform has no such class)."""
+    """The calling thread in SCHED_IDLE (False where the platform has no such class)."""
     if not hasattr(os, "SCHED_IDLE"):
         return False
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))   # Linux: pid 0 is this thread only
     return True
 
 
-def run(seconds: float, parent: int | None) -> int:
-    """Run the load until `seconds` pass or `parent` is no longer this process's parent; the steps run."""
+def leave_idle_class(tid: int) -> bool:
+    """Thread `tid` back to the normal class, so that it finishes its step and exits at once; False
+    where this process may not (unprivileged, RLIMIT_NICE 0): the thread then leaves as the idle
+    class lets it, the process's id staying until it has."""
+    try:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, PermissionError, ProcessLookupError):
+        return False
+    return True
+
+
+def run(seconds: float, parent: int | None, idle: bool = True, stop: threading.Event | None = None) -> int:
+    """Compute in a thread of the idle class (`idle`) until `seconds` pass, `parent` is no longer
+    this process's parent or `stop` is set, watched from the calling thread; the steps run."""
     step = Load()
+    stop = stop or threading.Event()
+    done = 0
+
+    def work() -> None:
+        nonlocal done
+        if idle:
+            set_idle_class()
+        while not stop.is_set():
+            step()
+            done += 1
+            os.sched_yield()
+
     deadline = time.monotonic() + seconds
-    done, next_check = 0, 0.0
-    while True:
-        now = time.monotonic()
-        if now >= next_check:
-            if now >= deadline or (parent is not None and os.getppid() != parent):
-                return done
-            next_check = now + CHECK_EVERY_S
-        step()
-        done += 1
-        os.sched_yield()
+
+    def wanted() -> bool:
+        return (not stop.is_set() and time.monotonic() < deadline
+                and (parent is None or os.getppid() == parent))
+
+    worker = threading.Thread(target=work, name="neighbour-load", daemon=True)
+    if wanted():
+        worker.start()
+        while wanted():
+            stop.wait(min(CHECK_EVERY_S, max(deadline - time.monotonic(), 0.0)))
+        stop.set()
+        leave_idle_class(worker.native_id)
+        worker.join(timeout=JOIN_S)
+    return done
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -81,11 +117,15 @@ def main(argv: list[str] | None = None) -> None:
     from prism_core.launch.cores import bind_from_env
 
     bind_from_env()
-    if not set_idle_class():
+    if not hasattr(os, "SCHED_IDLE"):
         print("neighbour load: no idle scheduling class here; not running", file=sys.stderr)
         return
-    steps = run(args.seconds, args.parent)
-    print(f"neighbour load: {steps} steps", file=sys.stderr)
+    stop = threading.Event()
+    # the launcher stops its job with SIGTERM: leave as at the deadline, not with a thread starved
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    steps = run(args.seconds, args.parent, stop=stop)
+    print(f"neighbour load: {steps} steps", file=sys.stderr, flush=True)
+    os._exit(0)   # nothing to save; skip torch's teardown, and a compute thread not yet back from its step
 
 
 if __name__ == "__main__":
