@@ -55,7 +55,7 @@ from prism_core.trace import load_trace
 from prism_core.trace.matching import match_ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from turns import take_turns, unstop_run  # noqa: E402  (a bench script beside this one)
+from turns import graph_progress, take_turns, unstop_run  # noqa: E402  (a bench script beside this one)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -173,22 +173,24 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
         shutil.rmtree(root / sub, ignore_errors=True)
     (root / "logs").mkdir(parents=True)
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
-    runs = [(["record", str(root / "record")], [root / "record"])]
+    # each launch: its command, and the run directories it writes with the ranks each one runs
+    runs = [(["record", str(root / "record")], [(root / "record", list(range(world)))])]
     for j in jobs:
-        runs.append((["slice", str(j.directory), str(graph.directory), _ranks(j.sandbox), "0"], [j.directory]))
+        runs.append((["slice", str(j.directory), str(graph.directory), _ranks(j.sandbox), "0"],
+                     [(j.directory, j.sandbox)]))
         if j.loaded is not None and cfg.emulation.neighbours == "stand_in":
-            runs.append((["slice", str(j.loaded), str(graph.directory), _ranks(j.sandbox), "1"], [j.loaded]))
+            runs.append((["slice", str(j.loaded), str(graph.directory), _ranks(j.sandbox), "1"],
+                         [(j.loaded, j.sandbox)]))
     if cfg.emulation.neighbours == "co_run":
         for group in co_runs(jobs, len(machine_cores()), cfg.emulation.sandbox):
             runs.append((["co-run", str(graph.directory), *(x for sb, d in group for x in (str(d), _ranks(sb)))],
-                         [d for _, d in group]))
+                         [(d, sb) for sb, d in group]))
     if i % 2:
         runs = runs[1:] + runs[:1]
-    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs], args.turns, 3600,
-                       [root / "logs" / f"{n}.log" for n in range(len(runs))])
-    _note_stops(root / "logs" / "stops.json", [[str(d) for d in dirs] for _, dirs in runs], stops)
+    stops = _take_turns(graph, runs, root / "logs", "", args)
+    _note_stops(root / "logs" / "stops.json", [[str(d) for d, _ in dirs] for _, dirs in runs], stops)
     for (_, run_dirs), s in zip(runs, stops):
-        for run_dir in run_dirs:
+        for run_dir, _ in run_dirs:
             unstop_run(run_dir, s)
     out = {"real": _figure(root / "record", world, warmup), "selfcheck": _selfcheck(cfg, root / "record")}
     out.update(_model(cfg, graph, root, 1))
@@ -196,22 +198,33 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
     if args.no_emulate:
         return out
     timeline = root / "calibrate" / "timeline.npz"
-    runs = [(["record", str(root / "record_e")], root / "record_e")]
+    runs = [(["record", str(root / "record_e")], [(root / "record_e", list(range(world)))])]
     for r in range(world):
         runs.append((["emulate", str(root / f"emulate_{r}"), str(graph.directory), str(timeline), str(r)],
-                     root / f"emulate_{r}"))
-    for _, run_dir in runs:
+                     [(root / f"emulate_{r}", [r])]))
+    for _, [(run_dir, _)] in runs:
         shutil.rmtree(run_dir, ignore_errors=True)
     if i % 2:
         runs = runs[1:] + runs[:1]
-    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs],
-                       args.turns, 3600, [root / "logs" / f"e{n}.log" for n in range(len(runs))])
-    _note_stops(root / "logs" / "e_stops.json", [[str(d)] for _, d in runs], stops)
-    for (_, run_dir), s in zip(runs, stops):
+    stops = _take_turns(graph, runs, root / "logs", "e", args)
+    _note_stops(root / "logs" / "e_stops.json", [[str(d) for d, _ in dirs] for _, dirs in runs], stops)
+    for (_, [(run_dir, _)]), s in zip(runs, stops):
         unstop_run(run_dir, s)
     out["emul_real"] = _figure(root / "record_e", world, warmup)
     out["emul"] = statistics.mean(_rank_figure(root / f"emulate_{r}", r, warmup) for r in range(world))
     return out
+
+
+def _take_turns(graph, runs: list[tuple[list[str], list[tuple[Path, list[int]]]]], logs: Path, prefix: str,
+                args) -> list:
+    """The launches of `runs` taking turns; with `--level`, a turn runs on until its launch has
+    come as far in the graph as the others (bench/turns.py)."""
+    progress = None
+    if args.level:
+        nodes = {r: len(graph.trace.rank(r)["kind"]) for r in range(graph.trace.world_size)}
+        progress = [graph_progress(dirs, nodes) for _, dirs in runs]
+    return take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs],
+                      args.turns, 3600, [logs / f"{prefix}{n}.log" for n in range(len(runs))], progress=progress)
 
 
 def _note_stops(path: Path, run_dirs: list[list[str]], stops) -> None:
@@ -270,6 +283,9 @@ def main() -> None:
     parser.add_argument("--turns", type=float, default=0.0,
                         help="> 0: the runs of a pair take turns of this many seconds (bench/turns.py); "
                              "0: one after the other")
+    parser.add_argument("--level", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --turns: a turn runs on until its launch has come as far in the graph as the "
+                             "others, so that the launches keep level (--no-level: turns of equal length)")
     parser.add_argument("--neighbours", choices=("co_run", "stand_in"), default="co_run",
                         help="what computes beside the slices' loaded runs (emulation.neighbours)")
     parser.add_argument("--no-emulate", action="store_true",

@@ -26,14 +26,19 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import psutil
 
 from prism_core.launch.launcher import _group_alive
 from prism_core.replay.stopped import ENV_STOPPED_FILE, StoppedWriter
+from prism_core.trace.flight import read_issued
 
 Stops = list[tuple[float, float]]       # (stopped at, continued at), time.monotonic
+
+
+MAX_TURNS = 4.0   # a turn that catches up runs at most this many turns' length
 
 
 class TurnsError(RuntimeError):
@@ -69,7 +74,7 @@ def _signal_groups(groups: list[int], sig: int) -> None:
 
 
 def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: list[Path],
-               keep_cadence: bool = True) -> list[Stops]:
+               keep_cadence: bool = True, progress: list[Callable[[], float]] | None = None) -> list[Stops]:
     """Run `cmds` (each in a session of its own, output to its log) taking turns of `turn_s`
     seconds until all have exited; each one's stops. A launch that fails, or a timeout, stops
     every launch and kills all their processes (TurnsError).
@@ -77,6 +82,14 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
     `keep_cadence`: a launch that has ended keeps its turns, idle, so that the others are stopped
     and continued as before to their own end (a launch left to run alone would run its last
     steps unstopped, unlike the steps it is compared with); False gives its turns to the others.
+
+    `progress`: per launch, how far it has come (0 to 1, e.g. `graph_progress`). A turn then
+    runs on past `turn_s` until the launch has caught up with the furthest of the others (at
+    most `MAX_TURNS` turns' length), so that the launches keep level and each one's step k meets
+    the machine of the same seconds. In plain turns a launch slower per step than another runs
+    its later steps later, and a machine that slows meanwhile (here by 25-50% within a run)
+    lands in more of its steps: a co-run took 61-63 turns to the record's 47-51 and ended 15-20 s
+    after it (README item 16).
 
     Each launch's stopped seconds so far are kept in `<log>.stopped`, named to it by
     `PRISM_STOPPED_FILE` and written before each continue: an emulation's assistant moves its
@@ -101,9 +114,11 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
                 stopped_at[i] = time.monotonic()
         cur, deadline = 0, time.monotonic() + timeout_s
         while True:
-            end_of_turn = time.monotonic() + turn_s
-            while time.monotonic() < end_of_turn and (keep_cadence or procs[cur].poll() is None):
+            begun = time.monotonic()
+            while time.monotonic() < begun + turn_s and (keep_cadence or procs[cur].poll() is None):
                 time.sleep(0.01)
+            if progress is not None:
+                _catch_up(cur, procs, progress, begun + MAX_TURNS * turn_s)
             groups = _groups(procs[cur].pid)      # read while it runs: stopping is then one signal per group
             known[cur].update(groups)
             for i, p in enumerate(procs):
@@ -139,6 +154,29 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
                     p.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
+
+
+def _catch_up(cur: int, procs: list[subprocess.Popen], progress: list[Callable[[], float]], until: float) -> None:
+    """Let launch `cur` run on until it has come as far as the furthest of the other live
+    launches, or `until`."""
+    others = [i for i, p in enumerate(procs) if i != cur and p.poll() is None]
+    if not others or procs[cur].poll() is not None:
+        return
+    lead = max(progress[i]() for i in others)     # they are stopped: their progress stands still
+    while time.monotonic() < until and procs[cur].poll() is None and progress[cur]() < lead:
+        time.sleep(0.02)
+
+
+def graph_progress(launch: list[tuple[Path, list[int]]], nodes: dict[int, int]) -> Callable[[], float]:
+    """How far a launch has come: over its run directories and the ranks each runs, the least
+    fraction of a rank's graph nodes reached (its flight record), 0 before it has one."""
+    def read() -> float:
+        done = 1.0
+        for run_dir, ranks in launch:
+            issued = read_issued(Path(run_dir) / "flight", ranks)
+            done = min([done] + [issued.get(r, 0) / nodes[r] for r in ranks])
+        return done
+    return read
 
 
 def stopped_within(start: np.ndarray, end: np.ndarray, stops: Stops) -> np.ndarray:

@@ -74,8 +74,7 @@ def read_flights(directory: Path, world_size: int) -> dict[int, dict]:
     return out
 
 
-def read_steps(directory: Path, ranks: list[int]) -> dict[int, int]:
-    """Optimizer steps each rank has completed, for the ranks whose record is there."""
+def _read_field(directory: Path, ranks: list[int], field: int) -> dict[int, int]:
     out = {}
     for rank in ranks:
         try:
@@ -83,8 +82,19 @@ def read_steps(directory: Path, ranks: list[int]) -> dict[int, int]:
         except OSError:
             continue
         if len(values) == _FIELDS:
-            out[rank] = int(values[6])
+            out[rank] = int(values[field])
     return out
+
+
+def read_steps(directory: Path, ranks: list[int]) -> dict[int, int]:
+    """Optimizer steps each rank has completed, for the ranks whose record is there."""
+    return _read_field(directory, ranks, 6)
+
+
+def read_issued(directory: Path, ranks: list[int]) -> dict[int, int]:
+    """How many of its graph's nodes each rank has come to (up to its latest op issued), for the
+    ranks whose record is there: progress finer than a step."""
+    return _read_field(directory, ranks, ISSUED_FIELD)
 
 
 def explain(flights: dict[int, dict]) -> str:

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from turns import TurnsError, stop_free, stopped_within, take_turns, unstop_run  # noqa: E402
+from turns import TurnsError, graph_progress, stop_free, stopped_within, take_turns, unstop_run  # noqa: E402
 
 # a launch with a child in a process group of its own, as the launcher starts ranks: both note
 # when they were running, in short busy units
@@ -113,3 +113,60 @@ def test_a_launch_that_ended_keeps_its_turns_idle(tmp_path):
         else:
             assert len(stops[0]) <= 3 and stopped < 0.35, (len(stops[0]), stopped, ran)
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+
+
+# a launch of fixed work in units of `per_unit` s of its own CPU time (so stops cost it nothing),
+# noting when it finished each unit
+WORKER = """
+import sys, time
+out, units, per_unit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+with open(out, "a") as f:
+    for k in range(units):
+        t = time.process_time()
+        while time.process_time() - t < per_unit:
+            pass
+        f.write(f"{time.monotonic()}\\n")
+        f.flush()
+"""
+
+
+def _ends(path: Path) -> list[float]:
+    try:
+        return [float(x) for x in path.read_text().split()]
+    except OSError:
+        return []
+
+
+def test_turns_to_the_launch_furthest_behind_keep_launches_level(tmp_path):
+    """A launch twice as slow per unit as its turn-mate: in plain turns it has done about half
+    its work when the other ends; with turns that catch up, all but what the other does in a
+    turn (about 5 of 40 units)."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    units, behind = 40, {}
+    for level in (False, True):
+        outs = [tmp_path / f"fast-{level}", tmp_path / f"slow-{level}"]
+        progress = [lambda o=o: len(_ends(o)) / units for o in outs]
+        cmds = [[sys.executable, str(script), str(outs[0]), str(units), "0.01"],
+                [sys.executable, str(script), str(outs[1]), str(units), "0.02"]]
+        take_turns(cmds, 0.05, 120, [tmp_path / f"f-{level}.log", tmp_path / f"s-{level}.log"],
+                   progress=progress if level else None)
+        fast, slow = _ends(outs[0]), _ends(outs[1])
+        assert len(fast) == len(slow) == units
+        behind[level] = sum(t <= fast[-1] for t in slow) / units   # the slow one's work done when the fast ended
+    assert behind[False] <= 0.65 and behind[True] >= 0.8, behind
+
+
+def test_graph_progress_is_the_least_fraction_over_a_launchs_ranks(tmp_path):
+    from prism_core.trace.flight import Flight
+
+    a, b = Flight(tmp_path / "a" / "flight", 0), Flight(tmp_path / "b" / "flight", 1)
+    read = graph_progress([(tmp_path / "a", [0]), (tmp_path / "b", [1]), (tmp_path / "c", [2])],
+                          {0: 100, 1: 50, 2: 10})
+    assert read() == 0.0                       # rank 2 has no record yet
+    read = graph_progress([(tmp_path / "a", [0]), (tmp_path / "b", [1])], {0: 100, 1: 50})
+    a.issued(79)
+    b.issued(29)
+    assert read() == pytest.approx(0.6)        # rank 1: 30 of 50 nodes
+    b.issued(49)
+    assert read() == pytest.approx(0.8)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prism_core.trace.flight import IDLE, ISSUING, WAITING, Flight, explain, read_flights, read_steps
+from prism_core.trace.flight import IDLE, ISSUING, WAITING, Flight, explain, read_flights, read_issued, read_steps
 from prism_core.trace.recorder import Recorder
 from prism_core.trace.schema import OP_CODE
 
@@ -87,3 +87,13 @@ def test_steps_are_read_from_outside(tmp_path):
     assert read_steps(tmp_path, [0, 1, 2]) == {0: 3, 1: 0}
     b.step(1)
     assert read_steps(tmp_path, [0, 1]) == {0: 3, 1: 1}
+
+
+def test_nodes_issued_are_read_from_outside(tmp_path):
+    a, b = Flight(tmp_path, 0), Flight(tmp_path, 1)
+    assert read_issued(tmp_path, [0, 1, 2]) == {0: 0, 1: 0}
+    a.issued(41)                        # node 41 is being issued: 42 nodes reached
+    a.step(2)
+    b.issued(0)
+    assert read_issued(tmp_path, [0, 1]) == {0: 42, 1: 1}
+    assert read_steps(tmp_path, [0]) == {0: 2}
