@@ -329,7 +329,8 @@ def main() -> None:
                 real = pair["real"]
                 print(f"{cfg.name} pair {i + 1}/{args.pairs}: real {real:.4f} s  predicted {pair['pred']:.4f} s "
                       f"({_pct(pair['pred'], real)})  emulated {pair['emul']:.4f} s "
-                      f"({_pct(pair['emul'], pair['emul_real'])} against its own record {pair['emul_real']:.4f} s)  "
+                      f"({_pct(pair['emul'], pair['emul_real'])} against its own record {pair['emul_real']:.4f} s, "
+                      f"{_pct(pair['emul_real'], real)} from the first)  "
                       f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
                       f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
                       f"waits for a core kept {pair['queued']:.4f} s ({_pct(pair['queued'], real)})  "
@@ -344,7 +345,8 @@ def main() -> None:
                          statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["oracle"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["plain"])]),
-                         statistics.median([b / a - 1 for a, b in zip(real, col["queued"])])))
+                         statistics.median([b / a - 1 for a, b in zip(real, col["queued"])]),
+                         statistics.median([abs(b / a - 1) for a, b in zip(real, col["emul_real"])])))
     how = ((f"record and slices taking turns of {args.turns:g} s" +
             (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
            if args.turns > 0 else "runs one after the other")
@@ -353,12 +355,12 @@ def main() -> None:
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'real (s)':>9} {'emulated (s)':>12} {'error':>8} {'pair-wise':>9} {'90% interval':>15} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} "
-          f"{'queue kept':>10} {'real spread':>11}")
-    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk in rows:
+          f"{'queue kept':>10} {'real spread':>11} {'halves':>7}")
+    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, hv in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {er:9.4f} {e:12.4f} "
               f"{_pct(e, er):>8} {100 * epw:+8.2f}% {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% "
-              f"{100 * spread:10.2f}%")
+              f"{100 * spread:10.2f}% {100 * hv:6.2f}%")
     print("emulated: against the real run of its own (with --turns a second record, taking turns with the emulations)")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
@@ -371,6 +373,9 @@ def main() -> None:
           "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "
           "an error smaller than it cannot be told apart from none")
+    print("halves: how far a pair's second record ran from its first (median of the pairs' |second / first - 1|): the "
+          "emulations replay a timeline timed in the first half of the pair, so the machine's move between the "
+          "halves lands in the emulated error")
 
 
 if __name__ == "__main__":
