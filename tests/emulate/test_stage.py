@@ -142,20 +142,21 @@ def test_a_late_sandbox_rank_delays_the_virtual_ranks(tmp_path, monkeypatch):
     recvs = graph.trace.rank_slice(1).start + np.nonzero(
         graph.trace.columns["kind"][graph.trace.rank_slice(1)] == COMM)[0]
     assert len(recvs) == 6
-    spread = {}
+    gap = {}
     for name in ("on_time", "late"):
         if name == "late":
             # the sleep is sized from the on-time run, whose gaps are as long as a loaded machine makes them
-            sleep = max(0.25, spread["on_time"] / 4 * 1.5)
+            sleep = max(0.25, gap["on_time"] * 1.5)
             flag.write_text(str(sleep))
         doc = emulate(cfg, graph.directory, timeline, tmp_path / name)
         issued = np.load(tmp_path / name / "replay" / "arrivals.npy")[recvs[1:]]   # the first waits for start-up
-        spread[name] = issued.max() - issued.min()
+        gap[name] = float(np.median(np.diff(issued)))
         assert doc["ranks"]["0"]["iteration_time_s"] > 0
     assert_nothing_left(tmp_path, script)
-    # virtual rank 1 issues each next recv only after the late send arrived: 4 gaps of >= sleep, each
-    # longer by a third than the on-time gaps
-    assert spread["late"] > 4 * sleep * 0.95 and spread["late"] > spread["on_time"] * 1.3, (spread, sleep)
+    # virtual rank 1 issues each next recv only after the late send arrived: gaps of >= sleep, longer
+    # by a third than the on-time gaps. The median of the 4 gaps: on a loaded machine the assistant
+    # saw one completion 55 ms late once (a full make test), which moved the next gap by as much
+    assert gap["late"] > sleep * 0.95 and gap["late"] > gap["on_time"] * 1.3, (gap, sleep)
 
 
 @pytest.mark.timeout(400)
