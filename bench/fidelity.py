@@ -187,11 +187,7 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
                          [(d, sb) for sb, d in group]))
     if i % 2:
         runs = runs[1:] + runs[:1]
-    stops = _take_turns(graph, runs, root / "logs", "", args)
-    _note_stops(root / "logs" / "stops.json", [[str(d) for d, _ in dirs] for _, dirs in runs], stops)
-    for (_, run_dirs), s in zip(runs, stops):
-        for run_dir, _ in run_dirs:
-            unstop_run(run_dir, s)
+    _take_turns(graph, runs, root / "logs", "", args)
     out = {"real": _figure(root / "record", world, warmup), "selfcheck": _selfcheck(cfg, root / "record")}
     out.update(_model(cfg, graph, root, 1))
     out["emul"] = out["emul_real"] = float("nan")
@@ -206,25 +202,28 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
         shutil.rmtree(run_dir, ignore_errors=True)
     if i % 2:
         runs = runs[1:] + runs[:1]
-    stops = _take_turns(graph, runs, root / "logs", "e", args)
-    _note_stops(root / "logs" / "e_stops.json", [[str(d) for d, _ in dirs] for _, dirs in runs], stops)
-    for (_, [(run_dir, _)]), s in zip(runs, stops):
-        unstop_run(run_dir, s)
+    _take_turns(graph, runs, root / "logs", "e", args)
     out["emul_real"] = _figure(root / "record_e", world, warmup)
     out["emul"] = statistics.mean(_rank_figure(root / f"emulate_{r}", r, warmup) for r in range(world))
     return out
 
 
 def _take_turns(graph, runs: list[tuple[list[str], list[tuple[Path, list[int]]]]], logs: Path, prefix: str,
-                args) -> list:
-    """The launches of `runs` taking turns; with `--level`, a turn runs on until its launch has
-    come as far in the graph as the others (bench/turns.py)."""
+                args) -> None:
+    """The launches of `runs` taking turns (with `--level`, a turn runs on until its launch has
+    come as far in the graph as the others; bench/turns.py), their stops noted under `logs` and
+    taken out of every run directory."""
     progress = None
     if args.level:
         nodes = {r: len(graph.trace.rank(r)["kind"]) for r in range(graph.trace.world_size)}
         progress = [graph_progress(dirs, nodes) for _, dirs in runs]
-    return take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs],
-                      args.turns, 3600, [logs / f"{prefix}{n}.log" for n in range(len(runs))], progress=progress)
+    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs],
+                       args.turns, 3600, [logs / f"{prefix}{n}.log" for n in range(len(runs))], progress=progress)
+    _note_stops(logs / (f"{prefix}_stops.json" if prefix else "stops.json"),
+                [[str(d) for d, _ in dirs] for _, dirs in runs], stops)
+    for (_, run_dirs), s in zip(runs, stops):
+        for run_dir, _ in run_dirs:
+            unstop_run(run_dir, s)
 
 
 def _note_stops(path: Path, run_dirs: list[list[str]], stops) -> None:
