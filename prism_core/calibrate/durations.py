@@ -37,8 +37,10 @@ from prism_core.calibrate.timeline import NO_RELEASE, OP_RELEASE, WAIT_RELEASE, 
 from prism_core.trace import Trace, merge_parts
 from prism_core.trace.store import read_queued
 from prism_core.trace.matching import OpMatch
-from prism_core.trace.schema import COMM, COMPUTE, OPS, P2P_OPS, WAIT
+from prism_core.trace.schema import COMM, COMPUTE, OP_CODE, OPS, P2P_OPS, WAIT
 
+# ops in which every member sends to and receives from every other
+ALL_TO_ALL_OPS = frozenset({OP_CODE["all_to_all_single"], OP_CODE["alltoall"]})
 # an op that ended this much before its last member arrived did not wait for it (a buffered send)
 SYNC_SLACK_S = 1e-6
 # a wait that took longer than this blocked (a wait on a finished op costs a few microseconds)
@@ -236,6 +238,13 @@ def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: di
     no run spends. Ops of one run (a `prism record` fed back, a slice of S ranks) keep their
     members' own times. A blocking op's span (its transfer plus what followed it) moves with
     its transfer.
+
+    Pooled: collectives whose members move the same bytes, and all-to-alls whatever their parts
+    (every member sends to and receives from every other and returns once all its parts are in,
+    so members leave together however the exchange is split; moe_gpt's expert all-to-alls move
+    144-380 KB a member, the members' parts differing in half the ops). Point-to-point ops, and
+    other collectives of unequal parts, keep their members' own times. ep2, fed the real run's
+    compute (two pairs): +1.34 and +3.35% with the all-to-alls unpooled, +0.64 and +2.17% pooled.
     """
     index = {name: k for k, name in enumerate(sorted({t.run for t in timings.values()}))}
     if len(index) < 2 or match.n_ops == 0:
@@ -247,12 +256,14 @@ def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: di
     op_of = np.repeat(np.arange(match.n_ops), match.members)
     run = run_of_rank[rank_of[order]]
     size = bare.columns["bytes"][order].astype(np.float64)
-    p2p = np.isin(bare.columns["op"][order], list(P2P_OPS)).astype(np.int8)
+    op = bare.columns["op"][order]
+    p2p = np.isin(op, list(P2P_OPS)).astype(np.int8)
+    exchange = np.isin(op[starts], list(ALL_TO_ALL_OPS))
     # an op qualifies when its members span runs, all completed from the last arrival, and all
-    # move the same bytes (a collective, not an exchange of unequal parts or a send and a recv)
+    # move the same bytes or exchange all with all (not a send and a recv)
     pooled = ((np.maximum.reduceat(run, starts) != np.minimum.reduceat(run, starts))
               & (np.minimum.reduceat(model.completes_synced[order].astype(np.int8), starts) == 1)
-              & (np.maximum.reduceat(size, starts) == np.minimum.reduceat(size, starts))
+              & ((np.maximum.reduceat(size, starts) == np.minimum.reduceat(size, starts)) | exchange)
               & (np.maximum.reduceat(p2p, starts) == 0) & (match.members > 1))
     pick = pooled[op_of]
     if not pick.any():

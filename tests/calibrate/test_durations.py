@@ -18,7 +18,7 @@ from prism_core.calibrate.timeline import solve
 from prism_core.trace.matching import match_ops
 from prism_core.trace.schema import COMM, COMPUTE
 
-from tests.calibrate.test_timeline import allreduce, build, compute, recv, send, wait
+from tests.calibrate.test_timeline import allreduce, build, comm, compute, recv, send, wait
 
 
 def _timing(tmp_path, peer_arrives: float, wait_from: float, wait_to: float):
@@ -103,6 +103,21 @@ def test_point_to_point_and_unequal_sizes_keep_their_own_times():
                              transfer=model.transfer[trace.rank_slice(r)], step_times=[], gaps=[], peaks=[],
                              run=f"slice_{r}") for r in range(2)}
     assert np.array_equal(pool_member_noise(trace, match, model, timings, np.arange(2)).transfer, model.transfer)
+
+
+def test_an_all_to_all_of_unequal_parts_takes_the_ops_mean():
+    # each member of an all-to-all returns once all its parts are in: they leave together
+    def a2a(rank, seq, t):
+        return comm("all_to_all_single", t, seq=seq)
+    trace, match, model, _ = _pooled([[0.10, 0.30], [0.30, 0.10]], ["slice_0", "slice_1"], [a2a] * 2)
+    trace.columns["bytes"][trace.offsets[1] + 1] = 2048          # rank 1 sends more in the first
+    timings = {r: RankTiming(span=model.span[trace.rank_slice(r)], release=model.release[trace.rank_slice(r)],
+                             completes_synced=model.completes_synced[trace.rank_slice(r)],
+                             transfer=model.transfer[trace.rank_slice(r)], step_times=[], gaps=[], peaks=[],
+                             run=f"slice_{r}") for r in range(2)}
+    pooled = pool_member_noise(trace, match, model, timings, np.arange(2))
+    comm_nodes = trace.columns["kind"] == COMM
+    assert pooled.transfer[comm_nodes] == pytest.approx([0.20, 0.20, 0.20, 0.20])
 
 
 # ---------------------------------------------------------------- DP replicas of one timed rank
