@@ -20,8 +20,13 @@ machine; two records of one job then differ by ~1% here against ~6% one after th
 (bench/run_to_run.py). The emulations then take turns with a second record of their own
 (`_turns_pair`); `--no-emulate` leaves them out.
 
+With `--other-join` (and `--turns`) each plain slice also runs with its virtual members of
+collectives joining the other way (late, or with `--join-late` early: replay/slices.py
+`run_with_assistant`), taking turns with the rest, and the column "other join" is the prediction
+with the communication of those slices.
+
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate]] [--keep DIR]
+                                       [--turns 0.3 [--no-emulate] [--other-join]] [--join-late] [--keep DIR]
 
 Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a
 machine with more cores: the real run must fit, W <= cores, for the comparison to mean much).
@@ -98,10 +103,18 @@ def _variant(cfg, graph, root: Path, compute: str) -> float | None:
     moved (None where no slice's load ran).
     "queued": the slices' compute spans with the ranks' waits for their core left in
     (trace/run_delay.py): what taking them out moved.
+    "other": communication from the plain slices run the other way (`--other-join`: virtual
+    members of collectives joining late, or early; None where they did not run).
     """
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
     match = match_ops(graph.trace)
-    if compute == "queued":
+    if compute == "other":
+        other = [_other(j.directory) for j in jobs]
+        if not all((d / "results").is_dir() for d in other):
+            return None
+        timings, _ = timed_ranks(graph.trace, match, [(d, j.sandbox) for d, j in zip(other, jobs)],
+                                 [j.loaded for j in jobs])
+    elif compute == "queued":
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
                                  [j.loaded for j in jobs], unqueue=False)
     elif compute == "plain":
@@ -178,6 +191,9 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
     for j in jobs:
         runs.append((["slice", str(j.directory), str(graph.directory), _ranks(j.sandbox), "0"],
                      [(j.directory, j.sandbox)]))
+        if args.other_join:
+            runs.append((["slice-other", str(_other(j.directory)), str(graph.directory), _ranks(j.sandbox), "0"],
+                         [(_other(j.directory), j.sandbox)]))
         if j.loaded is not None and cfg.emulation.neighbours == "stand_in":
             runs.append((["slice", str(j.loaded), str(graph.directory), _ranks(j.sandbox), "1"],
                          [(j.loaded, j.sandbox)]))
@@ -217,7 +233,8 @@ def _take_turns(graph, runs: list[tuple[list[str], list[tuple[Path, list[int]]]]
     if args.level:
         nodes = {r: len(graph.trace.rank(r)["kind"]) for r in range(graph.trace.world_size)}
         progress = [graph_progress(dirs, nodes) for _, dirs in runs]
-    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours) for what, _ in runs],
+    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours, args.join_late)
+                        for what, _ in runs],
                        args.turns, 3600, [logs / f"{prefix}{n}.log" for n in range(len(runs))], progress=progress)
     _note_stops(logs / (f"{prefix}_stops.json" if prefix else "stops.json"),
                 [[str(d) for d, _ in dirs] for _, dirs in runs], stops)
@@ -232,6 +249,11 @@ def _note_stops(path: Path, run_dirs: list[list[str]], stops) -> None:
                                 for d, s in zip(run_dirs, stops)]))
 
 
+def _other(plain: Path) -> Path:
+    """Where a plain slice runs again with its virtual members joining the other way (`--other-join`)."""
+    return plain.with_name(f"{plain.name}_other")
+
+
 def _rank_figure(run_dir: Path, rank: int, warmup: int) -> float:
     return statistics.median(json.loads((run_dir / "results" / f"{rank}.json").read_text())["step_times_s"][warmup:])
 
@@ -240,12 +262,14 @@ def _ranks(sandbox: list[int]) -> str:
     return ",".join(map(str, sandbox))
 
 
-def launch_cmd(what: list[str], config: str, steps: int, sandbox: int, neighbours: str) -> list[str]:
+def launch_cmd(what: list[str], config: str, steps: int, sandbox: int, neighbours: str,
+               join_late: bool = False) -> list[str]:
     """The command of one launch (`what`: "record OUT", "slice OUT GRAPH SANDBOX LOADED",
     "emulate OUT GRAPH TIMELINE RANK" or "co-run GRAPH OUT SANDBOX [OUT SANDBOX ...]") in a
     process of its own."""
     return [sys.executable, str(Path(__file__).resolve()), "--launch", *what, "--config", config,
-            "--steps", str(steps), "--sandbox", str(sandbox), "--neighbours", neighbours]
+            "--steps", str(steps), "--sandbox", str(sandbox), "--neighbours", neighbours,
+            "--join-late" if join_late else "--no-join-late"]
 
 
 def _load(name: str, steps: int, sandbox: int, neighbours: str = "co_run"):
@@ -259,9 +283,11 @@ def _launch(args) -> None:
     kind, out, *rest = args.launch
     if kind == "record":
         record(cfg, Path(out), options=RecordOptions(echo=False))
-    elif kind == "slice":
+    elif kind in ("slice", "slice-other"):
         graph, sandbox, loaded = rest
-        run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), neighbour_load=loaded == "1")
+        late = args.join_late if kind == "slice" else not args.join_late
+        run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), neighbour_load=loaded == "1",
+                  join_late=late and loaded != "1")
     elif kind == "emulate":      # "emulate OUT GRAPH TIMELINE RANK"
         graph, timeline, rank = rest
         emulate(_of_interest(cfg, int(rank)), Path(graph), Path(timeline), Path(out))
@@ -287,6 +313,12 @@ def main() -> None:
                              "others, so that the launches keep level (--no-level: turns of equal length)")
     parser.add_argument("--neighbours", choices=("co_run", "stand_in"), default="co_run",
                         help="what computes beside the slices' loaded runs (emulation.neighbours)")
+    parser.add_argument("--join-late", action=argparse.BooleanOptionalAction, default=False,
+                        help="plain slices: virtual members of collectives join once a sandbox member has issued "
+                             "the op (replay/slices.py run_with_assistant)")
+    parser.add_argument("--other-join", action="store_true",
+                        help="with --turns: each plain slice runs again, taking turns too, with its virtual members "
+                             "joining the other way; printed as the column 'other join'")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
     parser.add_argument("--keep", type=Path, help="copy the graph and each pair's runs (and with --turns their "
@@ -301,6 +333,8 @@ def main() -> None:
         return
     if args.turns > 0 and args.passes != 1:
         parser.error("--turns takes one timing pass (--passes 1)")
+    if (args.join_late or args.other_join) and args.turns <= 0:
+        parser.error("--join-late and --other-join run with --turns")
     rows = []
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
@@ -321,6 +355,8 @@ def main() -> None:
                 unloaded = _variant(cfg, graph, root, "plain") if args.passes == 1 else None
                 pair["plain"] = float("nan") if unloaded is None else unloaded
                 pair["queued"] = _variant(cfg, graph, root, "queued") if args.passes == 1 else float("nan")
+                other = _variant(cfg, graph, root, "other") if args.other_join else None
+                pair["other"] = float("nan") if other is None else other
                 pairs.append(pair)
                 if args.keep:
                     shutil.copytree(root, args.keep / cfg.name / f"pair{i}", ignore=shutil.ignore_patterns("collect"),
@@ -333,6 +369,7 @@ def main() -> None:
                       f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
                       f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
                       f"waits for a core kept {pair['queued']:.4f} s ({_pct(pair['queued'], real)})  "
+                      f"joining the other way {pair['other']:.4f} s ({_pct(pair['other'], real)})  "
                       f"one pass {pair['first']:.4f} s  uncalibrated {pair['uncal']:.4f} s", flush=True)
             col = {k: [p[k] for p in pairs] for k in pairs[0]}
             real = col["real"]
@@ -345,7 +382,8 @@ def main() -> None:
                          statistics.median([b / a - 1 for a, b in zip(real, col["oracle"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["plain"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["queued"])]),
-                         statistics.median([abs(b / a - 1) for a, b in zip(real, col["emul_real"])])))
+                         statistics.median([abs(b / a - 1) for a, b in zip(real, col["emul_real"])]),
+                         statistics.median([b / a - 1 for a, b in zip(real, col["other"])])))
     how = ((f"record and slices taking turns of {args.turns:g} s" +
             (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
            if args.turns > 0 else "runs one after the other")
@@ -354,12 +392,12 @@ def main() -> None:
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'real (s)':>9} {'emulated (s)':>12} {'error':>8} {'pair-wise':>9} {'90% interval':>15} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} "
-          f"{'queue kept':>10} {'real spread':>11} {'halves':>7}")
-    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, hv in rows:
+          f"{'queue kept':>10} {'real spread':>11} {'halves':>7} {'other join':>10}")
+    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, hv, oj in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {er:9.4f} {e:12.4f} "
               f"{_pct(e, er):>8} {100 * epw:+8.2f}% {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% "
-              f"{100 * spread:10.2f}% {100 * hv:6.2f}%")
+              f"{100 * spread:10.2f}% {100 * hv:6.2f}% {100 * oj:+9.2f}%")
     print("emulated: against the real run of its own (with --turns a second record, taking turns with the emulations)")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
@@ -368,6 +406,9 @@ def main() -> None:
           "nan where no slice had one): what the loaded runs' neighbours (co-runs or the stand-in load) moved")
     print("queue kept: each pair's prediction with the slices' compute spans holding the ranks' waits for their "
           "core (pair-wise median): what taking them out moved (an assistant sharing a rank's core takes that time)")
+    if args.other_join:
+        print(f"other join: each pair's prediction with communication from plain slices whose virtual members joined "
+              f"{'early' if args.join_late else 'late'} (pair-wise median), taking turns with the rest")
     print("90% interval: of the error, bootstrapped over the pairs (each resample draws whole pairs with "
           "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "

@@ -217,7 +217,7 @@ def _nth_of_rank_set(trace) -> list[int]:
 
 class Assistant:
     def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float, model=None,
-                 source: np.ndarray | None = None, pacer=None):
+                 source: np.ndarray | None = None, pacer=None, late_join=None):
         from prism_core.replay.virtual_ops import Inputs
         from prism_core.trace.matching import match_ops
 
@@ -258,6 +258,7 @@ class Assistant:
         self._ranks = None        # rank of every node, when first needed
         self.source = source      # DP-expanded graph: per rank, the collected rank it copies
         self.pacer = pacer        # co-run: virtual ranks another member runs for real keep to them (pacing.py)
+        self.late_join = late_join    # plain slice: a collective goes on the wire once a sandbox member issued it
         self.stopped = None       # timed mode, launch stopped from outside: its stopped time (stopped.py)
         self._slipped = self._stop_base = 0.0    # stopped seconds seen in all, and when the replay began
 
@@ -355,8 +356,9 @@ class Assistant:
         ready = deque(self.virtual)
         remaining = len(self.virtual)
         deadline = time.monotonic() + self.timeout_s
-        if self.pacer is not None:
-            self.pacer.start(deadline)
+        for pacer in (self.pacer, self.late_join):
+            if pacer is not None:
+                pacer.start(deadline)
         # timed mode: each rank's own clock, the ideal end of its previous node, so that late
         # wake-ups do not add up over thousands of nodes
         start = time.perf_counter()
@@ -613,7 +615,8 @@ class Assistant:
         # order per group; one drain at a time); collectives of an idle group issue here at once.
         pg_key = (rank, g)
         pending = self.pending.setdefault(pg_key, deque())
-        off_loop = kind in ("send", "recv") or self._paced(rank)    # a paced op may wait for its counterpart
+        # a paced op may wait for its counterpart, a collective joining late for its sandbox member
+        off_loop = kind in ("send", "recv") or self._paced(rank) or self.late_join is not None
         with self.lock:
             busy = bool(pending)
             if busy or off_loop:
@@ -635,6 +638,8 @@ class Assistant:
             spec.prepare()                        # its sends built from the cache: tensors in hand
         if self._paced(pg_key[0]):                # co-run: on the wire once its real counterpart issued it
             self.pacer.wait_for(pg_key[0], i - int(self.trace.offsets[pg_key[0]]))
+        elif self.late_join is not None and getattr(spec, "kind", "") not in ("send", "recv"):
+            self._join_late(i)
         self._issued_on_time(pg_key[0])           # how late the hand-over came: feeds `lead`
         due = self._due.pop(i, None)
         if due is not None:                       # timed: never on the wire before its clock
@@ -664,6 +669,15 @@ class Assistant:
         h.keep = (works, keep)
         if spec.kind in ("send", "recv") or len(works) != 1 or not self._on_future(works[0], h):
             self.pool.submit(self._wait, works, h)
+
+    def _join_late(self, i: int) -> None:
+        """Wait until a sandbox member of node `i`'s op has issued it (`late_join`, a pool thread)."""
+        op = int(self.match.op_id[i])
+        for node in self.match.order[self.match.bounds[op]:self.match.bounds[op + 1]]:
+            r = int(np.searchsorted(self.trace.offsets, node, side="right")) - 1
+            if r in self.sandbox:
+                self.late_join.wait_for(r, int(node) - int(self.trace.offsets[r]))
+                return
 
     def _paced(self, rank: int) -> bool:
         return self.pacer is not None and rank in self.pacer.counterparts
@@ -982,8 +996,9 @@ class Assistant:
             self.events.put(err)
 
     def close(self) -> None:
-        if self.pacer is not None:
-            self.pacer.close()
+        for pacer in (self.pacer, self.late_join):
+            if pacer is not None:
+                pacer.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.inputs.close()
 
@@ -1000,7 +1015,8 @@ def load_timing(path: Path) -> ReplayTiming:
 
 
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
-                  timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "") -> None:
+                  timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
+                  join_late: bool = False) -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1030,7 +1046,12 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         from prism_core.replay.pacing import Pacer
 
         pacer = Pacer(pace, pace_socket)
-    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer)
+    late_join = None
+    if join_late:
+        from prism_core.replay.pacing import Pacer
+
+        late_join = Pacer({r: Path(result_dir) / "flight" / f"{r}.bin" for r in sandbox}, pace_socket)
+    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join)
     if model is not None:
         from prism_core.replay.stopped import StoppedTime
 
@@ -1054,6 +1075,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,
         "paced_ranks": sorted(pacer.counterparts) if pacer else [], "pace_nudges": pacer.nudges if pacer else 0,
         "paced_waits": pacer.waits if pacer else 0, "paced_wait_s": pacer.waited_s if pacer else 0.0,
+        "late_join": late_join is not None, "late_join_waits": late_join.waits if late_join else 0,
+        "late_join_wait_s": late_join.waited_s if late_join else 0.0,
         "stopped_s": assistant._slipped - assistant._stop_base,     # the schedule moved by it
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     tmp = out / f".arrivals.{os.getpid()}.npy"
@@ -1076,16 +1099,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pace", action="append", default=[], metavar="RANK=FLIGHT",
                         help="co-run: virtual RANK keeps to the real rank whose flight record is FLIGHT")
     parser.add_argument("--pace-socket", default="", help="abstract socket name the paced-on ranks nudge")
+    parser.add_argument("--join-late", action="store_true",
+                        help="plain slice: a virtual member of a collective with a sandbox rank goes on the wire "
+                             "once a sandbox member has issued it (the sandbox ranks nudge --pace-socket)")
     ns = parser.parse_args(argv)
-    if ns.pace and not ns.pace_socket:
-        parser.error("--pace needs --pace-socket")
+    if (ns.pace or ns.join_late) and not ns.pace_socket:
+        parser.error("--pace and --join-late need --pace-socket")
+    if ns.pace and ns.join_late:
+        parser.error("--join-late is for a plain slice, --pace for a co-run member")
     pace = {int(r): Path(f) for r, f in (item.split("=", 1) for item in ns.pace)}
     _die_with_launcher()
     bind_from_env()
     os.environ[ENV_LAZY_GLOO] = "1"
     try:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
-                      ns.timing, pace, ns.pace_socket)
+                      ns.timing, pace, ns.pace_socket, ns.join_late)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

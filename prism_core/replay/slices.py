@@ -36,7 +36,7 @@ from prism_core.config import PrismConfig, config_to_dict
 from prism_core.launch.launcher import LaunchSpec, LaunchStopped, launch, stop_all
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.replay.assistant import ENV_LAZY_GLOO
-from prism_core.replay.pacing import ENV_NUDGE, Pacing, co_run_pacing
+from prism_core.replay.pacing import ENV_NUDGE, Pacing, co_run_pacing, socket_name
 from prism_core.runtime import write_json_atomic
 from prism_core.topology import Topology
 from prism_core.trace import Trace
@@ -106,7 +106,8 @@ class SliceOutput:
 
 def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
               timing: Path | None = None, neighbour_load: bool = False, cores: list[int] | None = None,
-              pacing: Pacing | None = None, stop: threading.Event | None = None) -> SliceOutput:
+              pacing: Pacing | None = None, stop: threading.Event | None = None,
+              join_late: bool = False) -> SliceOutput:
     """Run one slice (or reuse a finished one): sandbox ranks real, the rest replayed by the assistant.
 
     `timing`: a calibrated `timeline.npz`; the virtual ranks then replay in calibrated time.
@@ -120,7 +121,7 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
     # alone, each sandbox rank on the core it holds in the whole job: this machine's cores each
     # have their own speed from second to second (bench/host_noise.py), and the record's are those
     results = run_with_assistant(unbounded, graph_dir, sandbox, out_dir, timing, neighbour_load=neighbour_load,
-                                 cores=cores, pacing=pacing, stop=stop, job_cores=cores is None)
+                                 cores=cores, pacing=pacing, stop=stop, job_cores=cores is None, join_late=join_late)
     write_json_atomic(out_dir / SLICE_DONE, {"sandbox": sorted(sandbox), "pid": os.getpid(),
                                              "steps": {str(r): len(res["step_times_s"]) for r, res in results.items()}})
     return SliceOutput(out_dir, sorted(sandbox), False)
@@ -129,7 +130,8 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
 def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
                        timing: Path | None = None, progress=None, neighbour_load: bool = False,
                        cores: list[int] | None = None, pacing: Pacing | None = None,
-                       stop: threading.Event | None = None, job_cores: bool = False) -> dict[int, dict]:
+                       stop: threading.Event | None = None, job_cores: bool = False,
+                       join_late: bool = False) -> dict[int, dict]:
     """Launch the sandbox ranks (the real program, instrumented as in `prism record`) and the replay
     assistant for every other rank; return each sandbox rank's result or raise `LaunchError`.
 
@@ -137,8 +139,12 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     `progress(steps)`: called as the steps every sandbox rank has completed grow. `cores`: the
     sandbox ranks' cores, when bound (one member of a co-run, `run_together`); `pacing`: that
     member's pacing (replay/pacing.py); `stop`: set to stop the launch (`LaunchStopped`);
-    `job_cores`: each sandbox rank on the core it holds in the whole job (`launch/cores.place`).
+    `job_cores`: each sandbox rank on the core it holds in the whole job (`launch/cores.place`);
+    `join_late`: a plain slice's virtual members of collectives go on the wire once a sandbox
+    member has issued the op (`replay/assistant.py` `--join-late`).
     """
+    if join_late and (pacing is not None or timing is not None):
+        raise ValueError("join_late is for a plain slice: not with pacing (a co-run) or a timeline")
     out_dir = Path(out_dir)
     for sub in ("results", "errors", "trace_parts", "flight", "logs", "replay"):
         shutil.rmtree(out_dir / sub, ignore_errors=True)
@@ -157,6 +163,10 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--cache", str(graph_dir / CACHE_NAME)]
     if timing is not None:
         helper += ["--timing", str(timing)]
+    if join_late:
+        name = socket_name(out_dir)
+        helper += ["--pace-socket", name, "--join-late"]
+        env[ENV_NUDGE] = name
     if pacing is not None:
         if pacing.counterparts:
             helper += ["--pace-socket", pacing.socket]

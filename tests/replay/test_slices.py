@@ -24,7 +24,7 @@ from prism_core.launch.cores import machine_cores
 from prism_core.record import RecordOptions, record
 from prism_core.replay.slices import CO_RUN, SLICE_DONE, plan_slices, run_slice
 from prism_core.trace.matching import match_ops
-from prism_core.trace.schema import COMM, COMPUTE, P2P_OPS, WAIT
+from prism_core.trace.schema import COMM, COMPUTE, OP_CODE, P2P_OPS, WAIT
 
 from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_nothing_left, make_job
 
@@ -138,6 +138,30 @@ def test_dp_replicas_are_timed_once_and_renamed(tmp_path):
     assert plan.timed == [0, 2]                  # one DP replica: one rank per pipeline stage
     assert plan.source.tolist() == [0, 0, 2, 2]  # replica 1 takes replica 0's durations
     assert plan.slices == [plan.timed]
+
+
+@pytest.mark.timeout(300)
+def test_virtual_members_joining_late_go_on_the_wire_after_the_sandbox_rank(tmp_path):
+    cfg = load_config(CONFIGS / "tiny_moe_w2_tp2.yaml", ["job.iterations=3", "emulation.sandbox=1"])
+    graph = collect(cfg, tmp_path / "collect")
+    out = run_slice(cfg, graph.directory, [0], tmp_path / "late", join_late=True)
+    trace = graph.trace
+    stats = json.loads((out.directory / "replay" / "stats.json").read_text())
+    assert stats["late_join"] and stats["late_join_waits"] > 0
+    arrivals = np.load(out.directory / "replay" / "arrivals.npy")
+    with np.load(out.directory / "trace_parts" / "0.npz") as part:
+        issued = part["t_start"]
+    # tp2's collectives are all between rank 0 and rank 1: rank 1's part of each went on the wire
+    # after rank 0 had issued the op (barriers join as before)
+    s0, s1 = trace.rank_slice(0), trace.rank_slice(1)
+    op = trace.columns["op"][s1]
+    collective = (trace.columns["kind"][s1] == COMM) & ~np.isin(op, [*P2P_OPS, OP_CODE["barrier"]])
+    assert collective.sum() > 0
+    assert np.array_equal(trace.columns["kind"][s0], trace.columns["kind"][s1])   # the same nodes, in order
+    assert np.all(arrivals[s1][collective] >= issued[collective])
+    timings = slice_timings(trace, match_ops(trace), out.directory, [0])
+    assert np.all(timings[0].transfer[trace.columns["kind"][s0] == COMM] >= 0)
+    assert not psutil.Process().children(recursive=True)       # the rank and the assistant are gone
 
 
 # slow: the fast path is the flow's (tests/flows/test_calibrate_flow.py,
