@@ -1022,7 +1022,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
     time for each node; without it they replay the structure as fast as it allows. `pace`: in a
     co-run, virtual rank -> the flight record of the member running it for real, which it keeps
-    to (nudged on the abstract socket `pace_socket`; replay/pacing.py).
+    to (nudged on the abstract socket `pace_socket`; replay/pacing.py). `join_late`: a plain
+    slice whose virtual members of collectives go on the wire once a sandbox member has issued the
+    op (the sandbox ranks nudge `pace_socket`).
     """
     import torch
     import torch.distributed as dist
@@ -1041,16 +1043,14 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         raise ValueError(f"{timing} does not belong to the graph {graph}")
     source_path = Path(graph).parent / REPLICA_SOURCE
     source = np.load(source_path) if source_path.is_file() else None
-    pacer = None
-    if pace:
+    pacer = late_join = None
+    if pace or join_late:
         from prism_core.replay.pacing import Pacer
 
-        pacer = Pacer(pace, pace_socket)
-    late_join = None
-    if join_late:
-        from prism_core.replay.pacing import Pacer
-
-        late_join = Pacer({r: Path(result_dir) / "flight" / f"{r}.bin" for r in sandbox}, pace_socket)
+        if pace:
+            pacer = Pacer(pace, pace_socket)
+        else:       # the same wait, on the sandbox ranks' own flight records
+            late_join = Pacer({r: Path(result_dir) / "flight" / f"{r}.bin" for r in sandbox}, pace_socket)
     assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join)
     if model is not None:
         from prism_core.replay.stopped import StoppedTime

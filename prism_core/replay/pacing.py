@@ -14,6 +14,10 @@ The real rank publishes the nodes it has issued in its flight record (`trace/fli
 store per op) and nudges the pacing members' assistants over a datagram socket in Linux's
 abstract namespace; a nudge lost (the assistant not yet listening) is made good by every
 waiting op re-reading the record each `POLL_S`.
+
+The same wait serves a plain slice whose virtual members of collectives join late
+(`slices.run_with_assistant(join_late=True)`): each goes on the wire once a sandbox member of
+the op has issued it, keyed by that member's own flight record.
 """
 
 from __future__ import annotations
