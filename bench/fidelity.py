@@ -264,9 +264,9 @@ def _ranks(sandbox: list[int]) -> str:
 
 def launch_cmd(what: list[str], config: str, steps: int, sandbox: int, neighbours: str,
                join_late: bool = False) -> list[str]:
-    """The command of one launch (`what`: "record OUT", "slice OUT GRAPH SANDBOX LOADED",
-    "emulate OUT GRAPH TIMELINE RANK" or "co-run GRAPH OUT SANDBOX [OUT SANDBOX ...]") in a
-    process of its own."""
+    """The command of one launch (`what`: "record OUT", "slice OUT GRAPH SANDBOX LOADED" (or
+    "slice-other ...", its virtual members joining the other way), "emulate OUT GRAPH TIMELINE
+    RANK" or "co-run GRAPH OUT SANDBOX [OUT SANDBOX ...]") in a process of its own."""
     return [sys.executable, str(Path(__file__).resolve()), "--launch", *what, "--config", config,
             "--steps", str(steps), "--sandbox", str(sandbox), "--neighbours", neighbours,
             "--join-late" if join_late else "--no-join-late"]
