@@ -672,11 +672,9 @@ class Assistant:
 
     def _join_late(self, i: int) -> None:
         """Wait until a sandbox member of node `i`'s op has issued it (`late_join`, a pool thread)."""
-        op = int(self.match.op_id[i])
-        for node in self.match.order[self.match.bounds[op]:self.match.bounds[op + 1]]:
-            r = int(np.searchsorted(self.trace.offsets, node, side="right")) - 1
+        for r, node in self._member_nodes(i, self.trace.groups[int(self.trace.columns["group"][i])]):
             if r in self.sandbox:
-                self.late_join.wait_for(r, int(node) - int(self.trace.offsets[r]))
+                self.late_join.wait_for(r, node - int(self.trace.offsets[r]))
                 return
 
     def _paced(self, rank: int) -> bool:

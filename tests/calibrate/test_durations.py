@@ -62,12 +62,17 @@ def _pooled(transfers: list[list[float]], runs: list[str], ops):
     `transfers[r]`, timed in run `runs[r]`."""
     ranks = [[node for k, t in enumerate(ts) for node in (compute(1.0), ops[k](r, k, t))] for r, ts in enumerate(transfers)]
     trace, model = build(ranks, [(0, 1)])
-    timings = {r: RankTiming(span=model.span[trace.rank_slice(r)], release=model.release[trace.rank_slice(r)],
-                             completes_synced=model.completes_synced[trace.rank_slice(r)],
-                             transfer=model.transfer[trace.rank_slice(r)], step_times=[], gaps=[], peaks=[],
-                             run=runs[r]) for r in range(2)}
+    timings = _timings(trace, model, runs)
     match = match_ops(trace)
     return trace, match, model, pool_member_noise(trace, match, model, timings, np.arange(2))
+
+
+def _timings(trace, model, runs: list[str]) -> dict[int, RankTiming]:
+    """Each rank's part of `model` as what it measured in run `runs[r]`."""
+    return {r: RankTiming(span=model.span[trace.rank_slice(r)], release=model.release[trace.rank_slice(r)],
+                          completes_synced=model.completes_synced[trace.rank_slice(r)],
+                          transfer=model.transfer[trace.rank_slice(r)], step_times=[], gaps=[], peaks=[],
+                          run=runs[r]) for r in range(len(runs))}
 
 
 def _allreduce(rank: int, seq: int, t: float) -> dict:
@@ -98,10 +103,7 @@ def test_point_to_point_and_unequal_sizes_keep_their_own_times():
     assert np.array_equal(pooled.transfer, model.transfer)
     trace, match, model, _ = _pooled([[0.10], [0.30]], ["slice_0", "slice_1"], [_allreduce])
     trace.columns["bytes"][trace.offsets[1] + 1] = 2048          # rank 1's part is larger: not one collective
-    timings = {r: RankTiming(span=model.span[trace.rank_slice(r)], release=model.release[trace.rank_slice(r)],
-                             completes_synced=model.completes_synced[trace.rank_slice(r)],
-                             transfer=model.transfer[trace.rank_slice(r)], step_times=[], gaps=[], peaks=[],
-                             run=f"slice_{r}") for r in range(2)}
+    timings = _timings(trace, model, ["slice_0", "slice_1"])
     assert np.array_equal(pool_member_noise(trace, match, model, timings, np.arange(2)).transfer, model.transfer)
 
 
@@ -111,10 +113,7 @@ def test_an_all_to_all_of_unequal_parts_takes_the_ops_mean():
         return comm("all_to_all_single", t, seq=seq)
     trace, match, model, _ = _pooled([[0.10, 0.30], [0.30, 0.10]], ["slice_0", "slice_1"], [a2a] * 2)
     trace.columns["bytes"][trace.offsets[1] + 1] = 2048          # rank 1 sends more in the first
-    timings = {r: RankTiming(span=model.span[trace.rank_slice(r)], release=model.release[trace.rank_slice(r)],
-                             completes_synced=model.completes_synced[trace.rank_slice(r)],
-                             transfer=model.transfer[trace.rank_slice(r)], step_times=[], gaps=[], peaks=[],
-                             run=f"slice_{r}") for r in range(2)}
+    timings = _timings(trace, model, ["slice_0", "slice_1"])
     pooled = pool_member_noise(trace, match, model, timings, np.arange(2))
     comm_nodes = trace.columns["kind"] == COMM
     assert pooled.transfer[comm_nodes] == pytest.approx([0.20, 0.20, 0.20, 0.20])
