@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 
 from prism_core.calibrate.durations import slice_timings
@@ -26,7 +25,7 @@ from prism_core.replay.slices import CO_RUN, SLICE_DONE, plan_slices, run_slice
 from prism_core.trace.matching import match_ops
 from prism_core.trace.schema import COMM, COMPUTE, OP_CODE, P2P_OPS, WAIT
 
-from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_nothing_left, make_job
+from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_no_rank_processes, assert_nothing_left, make_job
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -161,7 +160,7 @@ def test_virtual_members_joining_late_go_on_the_wire_after_the_sandbox_rank(tmp_
     assert np.all(arrivals[s1][collective] >= issued[collective])
     timings = slice_timings(trace, match_ops(trace), out.directory, [0])
     assert np.all(timings[0].transfer[trace.columns["kind"][s0] == COMM] >= 0)
-    assert not psutil.Process().children(recursive=True)       # the rank and the assistant are gone
+    assert_no_rank_processes()      # the rank and the assistant are gone
 
 
 # slow: the fast path is the flow's (tests/flows/test_calibrate_flow.py,
