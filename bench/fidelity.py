@@ -22,11 +22,20 @@ machine; two records of one job then differ by ~1% here against ~6% one after th
 
 With `--other-join` (and `--turns`) each plain slice also runs with its virtual members of
 collectives joining the other way (late, or with `--join-late` early: replay/slices.py
-`run_with_assistant`), taking turns with the rest, and the column "other join" is the prediction
-with the communication of those slices.
+`run_with_assistant`), taking turns with the rest, and the column "other" is the prediction
+with the communication of those slices. With `--other-corun` each co-run runs again with its
+assistants in the other scheduling class (`emulation.co_run_assistant`), and "other" is the
+prediction with the compute of those co-runs.
+
+With `--passes 2` (and `--turns`) the slices run a second time, their virtual ranks replaying the
+first pass's calibrated timeline in real time (calibrate/stage.py `time_and_calibrate`), taking
+turns with the second record (and the emulations) and with loaded runs of their own; the columns
+"2nd pass" (calibrated from them) and "2nd real compute" (their communication with that record's
+compute spans) are against the second record, as the first pass's are against the first.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join]] [--join-late] [--keep DIR]
+                                       [--turns 0.3 [--no-emulate] [--other-join] [--passes 2]] [--join-late]
+                                       [--keep DIR]
 
 Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a
 machine with more cores: the real run must fit, W <= cores, for the comparison to mean much).
@@ -42,6 +51,7 @@ import signal
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +59,7 @@ import numpy as np
 from prism_core.calibrate import predict
 from prism_core.calibrate.durations import load_ran, slice_timings, with_loaded_compute
 from prism_core.calibrate.predict import predict_from, timed_ranks
-from prism_core.calibrate.stage import co_runs, plan_orders, slice_jobs, time_and_calibrate
+from prism_core.calibrate.stage import calibrate_pass, co_runs, plan_orders, slice_jobs, time_and_calibrate
 from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.emulate.stage import emulate
@@ -58,6 +68,7 @@ from prism_core.record import RecordOptions, record
 from prism_core.replay.slices import run_slice, run_together
 from prism_core.trace import load_trace
 from prism_core.trace.matching import match_ops
+from prism_core.trace.schema import COMPUTE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from turns import graph_progress, take_turns, unstop_run  # noqa: E402  (a bench script beside this one)
@@ -92,7 +103,8 @@ def _span(interval: tuple[float, float]) -> str:
     return f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
 
 
-def _variant(cfg, graph, root: Path, compute: str) -> float | None:
+def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
+             record_dir: str = "record") -> float | None:
     """The pair's prediction rebuilt from its own runs with the compute spans changed.
 
     "real": every timed rank's compute spans from the pair's real run instead of its slice (ranks
@@ -105,8 +117,12 @@ def _variant(cfg, graph, root: Path, compute: str) -> float | None:
     (trace/run_delay.py): what taking them out moved.
     "other": communication from the plain slices run the other way (`--other-join`: virtual
     members of collectives joining late, or early; None where they did not run).
+    "other-corun": compute from co-runs whose assistants ran in the other scheduling class
+    (`--other-corun`; None where they did not run).
+    `timing`: the slices of the pass that replayed this timeline (`--passes 2`); `record_dir`:
+    the real run whose compute spans "real" takes.
     """
-    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
+    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing", timing)
     match = match_ops(graph.trace)
     if compute == "other":
         other = [_other(j.directory) for j in jobs]
@@ -117,6 +133,11 @@ def _variant(cfg, graph, root: Path, compute: str) -> float | None:
     elif compute == "queued":
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
                                  [j.loaded for j in jobs], unqueue=False)
+    elif compute == "other-corun":
+        other = [None if j.loaded is None else _other(j.loaded) for j in jobs]
+        if not any(d is not None and load_ran(d) for d in other):
+            return None
+        timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs], other)
     elif compute == "plain":
         if not any(j.loaded is not None and load_ran(j.loaded) for j in jobs):
             return None
@@ -124,10 +145,37 @@ def _variant(cfg, graph, root: Path, compute: str) -> float | None:
     else:
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
                                  [j.loaded for j in jobs])
-        real = slice_timings(graph.trace, match, root / "record", list(range(cfg.job.world_size)))
+        real = slice_timings(graph.trace, match, root / record_dir, list(range(cfg.job.world_size)))
         timings = with_loaded_compute(graph.trace, timings, real)     # swaps in the real run's compute spans
     prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, plan_orders(cfg, plan))
     return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())
+
+
+def _compute_against_real(cfg, graph, root: Path) -> tuple[float, float]:
+    """The timed ranks' compute per measured step (the sum of their compute spans, waits for a
+    core taken out) in the plain slices and in their loaded runs, each as a ratio to the same
+    ranks' in the pair's record (nan where no loaded run ran): which of the two computed as the
+    real run did."""
+    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
+    match = match_ops(graph.trace)
+    real = slice_timings(graph.trace, match, root / "record", list(range(cfg.job.world_size)))
+
+    def per_step(timings: dict) -> float:
+        total = 0.0
+        for r, t in timings.items():
+            cols = graph.trace.rank(r)
+            total += t.span[(cols["kind"] == COMPUTE) & (cols["step"] >= cfg.job.warmup)].sum()
+        return total
+
+    plain = loaded = real_plain = real_loaded = 0.0
+    for j in jobs:
+        timings = slice_timings(graph.trace, match, j.directory, j.sandbox)
+        plain += per_step(timings)
+        real_plain += per_step({r: real[r] for r in j.sandbox})
+        if j.loaded is not None and load_ran(j.loaded):
+            loaded += per_step(slice_timings(graph.trace, match, j.loaded, j.sandbox))
+            real_loaded += per_step({r: real[r] for r in j.sandbox})
+    return plain / real_plain, (loaded / real_loaded if real_loaded else float("nan"))
 
 
 def _figure(run_dir: Path, world: int, warmup: int) -> float:
@@ -188,10 +236,66 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
     # each launch: its command, and the run directories it writes with the ranks each one runs
     runs = [(["record", str(root / "record")], [(root / "record", list(range(world)))])]
+    runs += _slice_runs(cfg, graph, jobs, args)
+    if i % 2:
+        runs = runs[1:] + runs[:1]
+    _take_turns(graph, runs, root / "logs", "", args)
+    out = {"real": _figure(root / "record", world, warmup), "selfcheck": _selfcheck(cfg, root / "record")}
+    out.update(_model(cfg, graph, root, 1))
+    out["emul"] = out["emul_real"] = out["pred2"] = out["oracle2"] = float("nan")
+    if args.no_emulate and args.passes == 1:
+        return out
+    timeline = root / "calibrate" / "timeline.npz"
+    runs = [(["record", str(root / "record_e")], [(root / "record_e", list(range(world)))])]
+    if not args.no_emulate:
+        for r in range(world):
+            runs.append((["emulate", str(root / f"emulate_{r}"), str(graph.directory), str(timeline), str(r)],
+                         [(root / f"emulate_{r}", [r])]))
+    if args.passes == 2:
+        plan2, jobs2 = _second_pass_jobs(cfg, graph, root)
+        runs += _slice_runs(cfg, graph, jobs2, args, _first_timeline(root))
+    for _, run_dirs in runs:
+        for run_dir, _ in run_dirs:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    if i % 2:
+        runs = runs[1:] + runs[:1]
+    _take_turns(graph, runs, root / "logs", "e", args)
+    out["emul_real"] = _figure(root / "record_e", world, warmup)
+    if not args.no_emulate:
+        out["emul"] = statistics.mean(_rank_figure(root / f"emulate_{r}", r, warmup) for r in range(world))
+    if args.passes == 2:
+        doc, _ = calibrate_pass(cfg, graph.trace, plan2, jobs2, root / "calibrate2", 1)
+        out["pred2"] = _mean(doc, "iteration_time_s")
+        out["oracle2"] = _variant(cfg, graph, root, "real", _first_timeline(root), "record_e")
+    return out
+
+
+def _second_pass_jobs(cfg, graph, root: Path):
+    """The second pass's slices, with loaded runs of their own (`<loaded>_r2`) that run in the
+    second round: their compute spans do not depend on the pass, and so the second pass is timed
+    wholly on the machine its record (the second) saw."""
+    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing", _first_timeline(root))
+    return plan, [replace(j, loaded=None if j.loaded is None else j.loaded.with_name(f"{j.loaded.name}_r2"))
+                  for j in jobs]
+
+
+def _first_timeline(root: Path) -> Path:
+    """The first pass's calibrated timeline (`time_and_calibrate` keeps it beside the last's)."""
+    return root / "calibrate" / "timeline_pass1.npz"
+
+
+def _slice_runs(cfg, graph, jobs, args, timeline: Path | None = None) -> list:
+    """The launches of a pass's slices and their loaded runs (co-runs, or each beside the stand-in
+    load); with `timeline`, slices whose virtual ranks replay it (a second pass)."""
+    runs = []
     for j in jobs:
-        runs.append((["slice", str(j.directory), str(graph.directory), _ranks(j.sandbox), "0"],
-                     [(j.directory, j.sandbox)]))
-        if args.other_join:
+        if timeline is None:
+            runs.append((["slice", str(j.directory), str(graph.directory), _ranks(j.sandbox), "0"],
+                         [(j.directory, j.sandbox)]))
+        else:
+            runs.append((["slice-timed", str(j.directory), str(graph.directory), _ranks(j.sandbox), str(timeline)],
+                         [(j.directory, j.sandbox)]))
+        if args.other_join and timeline is None:
             runs.append((["slice-other", str(_other(j.directory)), str(graph.directory), _ranks(j.sandbox), "0"],
                          [(_other(j.directory), j.sandbox)]))
         if j.loaded is not None and cfg.emulation.neighbours == "stand_in":
@@ -201,27 +305,11 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
         for group in co_runs(jobs, len(machine_cores()), cfg.emulation.sandbox):
             runs.append((["co-run", str(graph.directory), *(x for sb, d in group for x in (str(d), _ranks(sb)))],
                          [(d, sb) for sb, d in group]))
-    if i % 2:
-        runs = runs[1:] + runs[:1]
-    _take_turns(graph, runs, root / "logs", "", args)
-    out = {"real": _figure(root / "record", world, warmup), "selfcheck": _selfcheck(cfg, root / "record")}
-    out.update(_model(cfg, graph, root, 1))
-    out["emul"] = out["emul_real"] = float("nan")
-    if args.no_emulate:
-        return out
-    timeline = root / "calibrate" / "timeline.npz"
-    runs = [(["record", str(root / "record_e")], [(root / "record_e", list(range(world)))])]
-    for r in range(world):
-        runs.append((["emulate", str(root / f"emulate_{r}"), str(graph.directory), str(timeline), str(r)],
-                     [(root / f"emulate_{r}", [r])]))
-    for _, [(run_dir, _)] in runs:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    if i % 2:
-        runs = runs[1:] + runs[:1]
-    _take_turns(graph, runs, root / "logs", "e", args)
-    out["emul_real"] = _figure(root / "record_e", world, warmup)
-    out["emul"] = statistics.mean(_rank_figure(root / f"emulate_{r}", r, warmup) for r in range(world))
-    return out
+            if args.other_corun and timeline is None:
+                group = [(sb, _other(d)) for sb, d in group]
+                runs.append((["co-run-other", str(graph.directory),
+                              *(x for sb, d in group for x in (str(d), _ranks(sb)))], [(d, sb) for sb, d in group]))
+    return runs
 
 
 def _take_turns(graph, runs: list[tuple[list[str], list[tuple[Path, list[int]]]]], logs: Path, prefix: str,
@@ -249,9 +337,16 @@ def _note_stops(path: Path, run_dirs: list[list[str]], stops) -> None:
                                 for d, s in zip(run_dirs, stops)]))
 
 
-def _other(plain: Path) -> Path:
-    """Where a plain slice runs again with its virtual members joining the other way (`--other-join`)."""
-    return plain.with_name(f"{plain.name}_other")
+def _other(run_dir: Path) -> Path:
+    """Where a plain slice runs again with its virtual members joining the other way (`--other-join`),
+    or a co-run member with its assistant in the other scheduling class (`--other-corun`)."""
+    return run_dir.with_name(f"{run_dir.name}_other")
+
+
+def _other_corun(cfg):
+    """`cfg` with the co-runs' assistants in the other scheduling class."""
+    other = "normal" if cfg.emulation.co_run_assistant == "idle" else "idle"
+    return cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"co_run_assistant": other})})
 
 
 def _rank_figure(run_dir: Path, rank: int, warmup: int) -> float:
@@ -288,10 +383,15 @@ def _launch(args) -> None:
         late = args.join_late if kind == "slice" else not args.join_late
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), neighbour_load=loaded == "1",
                   join_late=late and loaded != "1")
+    elif kind == "slice-timed":  # "slice-timed OUT GRAPH SANDBOX TIMELINE": a second pass's slice
+        graph, sandbox, timeline = rest
+        run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), Path(timeline))
     elif kind == "emulate":      # "emulate OUT GRAPH TIMELINE RANK"
         graph, timeline, rank = rest
         emulate(_of_interest(cfg, int(rank)), Path(graph), Path(timeline), Path(out))
-    elif kind == "co-run":       # "co-run GRAPH OUT SANDBOX ...": the second word is the graph here
+    elif kind in ("co-run", "co-run-other"):      # "co-run GRAPH OUT SANDBOX ...": the second word is the graph here
+        if kind == "co-run-other":
+            cfg = _other_corun(cfg)
         members = [([int(r) for r in sb.split(",")], Path(d)) for d, sb in zip(rest[0::2], rest[1::2])]
         run_together(cfg, Path(out), members, machine_cores())
     else:
@@ -318,7 +418,10 @@ def main() -> None:
                              "the op (replay/slices.py run_with_assistant)")
     parser.add_argument("--other-join", action="store_true",
                         help="with --turns: each plain slice runs again, taking turns too, with its virtual members "
-                             "joining the other way; printed as the column 'other join'")
+                             "joining the other way; printed as the column 'other'")
+    parser.add_argument("--other-corun", action="store_true",
+                        help="with --turns: each co-run runs again, taking turns too, with its assistants in the other "
+                             "scheduling class (emulation.co_run_assistant); printed in the column 'other'")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
     parser.add_argument("--keep", type=Path, help="copy the graph and each pair's runs (and with --turns their "
@@ -331,10 +434,12 @@ def main() -> None:
     if args.launch:
         _launch(args)
         return
-    if args.turns > 0 and args.passes != 1:
-        parser.error("--turns takes one timing pass (--passes 1)")
-    if (args.join_late or args.other_join) and args.turns <= 0:
-        parser.error("--join-late and --other-join run with --turns")
+    if args.passes not in (1, 2) or (args.turns > 0 and args.passes == 2 and args.other_join):
+        parser.error("--passes takes 1 or 2 (with --turns, 2 not with --other-join)")
+    if (args.join_late or args.other_join or args.other_corun) and args.turns <= 0:
+        parser.error("--join-late, --other-join and --other-corun run with --turns")
+    if args.other_join and args.other_corun:
+        parser.error("--other-join and --other-corun fill the same column: one at a time")
     rows = []
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
@@ -351,11 +456,17 @@ def main() -> None:
             for i in range(args.pairs):
                 pair = (_turns_pair(cfg, graph, root, i, args) if args.turns > 0
                         else _classic_pair(cfg, graph, root, i, args.passes))
-                pair["oracle"] = _variant(cfg, graph, root, "real") if args.passes == 1 else float("nan")
-                unloaded = _variant(cfg, graph, root, "plain") if args.passes == 1 else None
+                first_pass = args.passes == 1 or args.turns > 0    # the first pass's slices are there
+                pair["oracle"] = _variant(cfg, graph, root, "real") if first_pass else float("nan")
+                unloaded = _variant(cfg, graph, root, "plain") if first_pass else None
                 pair["plain"] = float("nan") if unloaded is None else unloaded
-                pair["queued"] = _variant(cfg, graph, root, "queued") if args.passes == 1 else float("nan")
-                other = _variant(cfg, graph, root, "other") if args.other_join else None
+                pair["queued"] = _variant(cfg, graph, root, "queued") if first_pass else float("nan")
+                pair["plain_c"], pair["loaded_c"] = (_compute_against_real(cfg, graph, root) if first_pass
+                                                     else (float("nan"), float("nan")))
+                pair.setdefault("pred2", float("nan"))
+                pair.setdefault("oracle2", float("nan"))
+                other = (_variant(cfg, graph, root, "other") if args.other_join else
+                         _variant(cfg, graph, root, "other-corun") if args.other_corun else None)
                 pair["other"] = float("nan") if other is None else other
                 pairs.append(pair)
                 if args.keep:
@@ -369,8 +480,14 @@ def main() -> None:
                       f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
                       f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
                       f"waits for a core kept {pair['queued']:.4f} s ({_pct(pair['queued'], real)})  "
-                      f"joining the other way {pair['other']:.4f} s ({_pct(pair['other'], real)})  "
-                      f"one pass {pair['first']:.4f} s  uncalibrated {pair['uncal']:.4f} s", flush=True)
+                      f"the other way ({'co-run assistants' if args.other_corun else 'joining'}) {pair['other']:.4f} s "
+                      f"({_pct(pair['other'], real)})  "
+                      f"2nd pass {pair['pred2']:.4f} s ({_pct(pair['pred2'], pair['emul_real'])} against the second "
+                      f"record), with its "
+                      f"compute {pair['oracle2']:.4f} s ({_pct(pair['oracle2'], pair['emul_real'])})  "
+                      f"one pass {pair['first']:.4f} s  uncalibrated {pair['uncal']:.4f} s  compute against the "
+                      f"record's: plain slices {_pct(pair['plain_c'], 1)}, loaded runs {_pct(pair['loaded_c'], 1)}",
+                      flush=True)
             col = {k: [p[k] for p in pairs] for k in pairs[0]}
             real = col["real"]
             r, p, u, f, e, er = (statistics.median(col[k]) for k in ("real", "pred", "uncal", "first", "emul",
@@ -383,7 +500,10 @@ def main() -> None:
                          statistics.median([b / a - 1 for a, b in zip(real, col["plain"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["queued"])]),
                          statistics.median([abs(b / a - 1) for a, b in zip(real, col["emul_real"])]),
-                         statistics.median([b / a - 1 for a, b in zip(real, col["other"])])))
+                         statistics.median([b / a - 1 for a, b in zip(real, col["other"])]),
+                         statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["pred2"])]),
+                         statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["oracle2"])]),
+                         statistics.median(col["plain_c"]) - 1, statistics.median(col["loaded_c"]) - 1))
     how = ((f"record and slices taking turns of {args.turns:g} s" +
             (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
            if args.turns > 0 else "runs one after the other")
@@ -392,12 +512,14 @@ def main() -> None:
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'real (s)':>9} {'emulated (s)':>12} {'error':>8} {'pair-wise':>9} {'90% interval':>15} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} "
-          f"{'queue kept':>10} {'real spread':>11} {'halves':>7} {'other join':>10}")
-    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, hv, oj in rows:
+          f"{'queue kept':>10} {'real spread':>11} {'halves':>7} {'other':>10} {'2nd pass':>9} {'2nd real compute':>16} "
+          f"{'plain compute':>13} {'loaded compute':>14}")
+    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, hv, oj, p2, oc2, pc, lc in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {er:9.4f} {e:12.4f} "
               f"{_pct(e, er):>8} {100 * epw:+8.2f}% {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% "
-              f"{100 * spread:10.2f}% {100 * hv:6.2f}% {100 * oj:+9.2f}%")
+              f"{100 * spread:10.2f}% {100 * hv:6.2f}% {100 * oj:+9.2f}% {100 * p2:+8.2f}% {100 * oc2:+15.2f}% "
+              f"{100 * pc:+12.2f}% {100 * lc:+13.2f}%")
     print("emulated: against the real run of its own (with --turns a second record, taking turns with the emulations)")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
@@ -407,8 +529,18 @@ def main() -> None:
     print("queue kept: each pair's prediction with the slices' compute spans holding the ranks' waits for their "
           "core (pair-wise median): what taking them out moved (an assistant sharing a rank's core takes that time)")
     if args.other_join:
-        print(f"other join: each pair's prediction with communication from plain slices whose virtual members joined "
+        print(f"other: each pair's prediction with communication from plain slices whose virtual members joined "
               f"{'early' if args.join_late else 'late'} (pair-wise median), taking turns with the rest")
+    if args.other_corun:
+        other = "normal" if _load(args.config_name, args.steps, args.sandbox).emulation.co_run_assistant == "idle" else "idle"
+        print(f"other: each pair's prediction with compute from co-runs whose assistants ran in the {other} scheduling "
+              "class (pair-wise median), taking turns with the rest")
+    if args.passes == 2 and args.turns > 0:
+        print("2nd pass: each pair's prediction from slices replaying the first pass's timeline and loaded runs of "
+              "their own, taking turns with the second record, against that record (pair-wise median); 2nd real "
+              "compute: their communication with that record's compute spans")
+    print("plain / loaded compute: the timed ranks' compute per step (their compute spans, waits for a core taken "
+          "out) in the plain slices and in the loaded runs against the same ranks' in the record (median of the pairs)")
     print("90% interval: of the error, bootstrapped over the pairs (each resample draws whole pairs with "
           "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "

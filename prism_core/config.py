@@ -104,6 +104,10 @@ class EmulationConfig(_Strict):
                                                    "(emulation.neighbours), and compute nodes take their spans from "
                                                    "that run: in the full job a rank's neighbours compute too, "
                                                    "sharing its caches and memory")
+    co_run_assistant: Literal["idle", "normal"] = Field(
+        "idle", description="the scheduling class of a co-run member's assistant, which shares its sandbox ranks' "
+                            "cores: idle, it runs only while they wait, so that their compute spans hold none of "
+                            "its work (replay/slices.py run_with_assistant); normal, it takes the core as any thread")
     neighbours: Literal["co_run", "stand_in"] = Field(
         "co_run", description="what computes beside a slice's loaded run: co_run, other slices of the job run "
                               "at once on the other cores (replay/slices.py); stand_in, a small MLP load on the "

@@ -49,9 +49,16 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
     jobs = []
     for i, s in enumerate(plan.slices):
         key = slice_key(graph_key, cfg, s)
-        loaded = root / f"loaded_{i}_{key}" if load else None
+        loaded = root / f"loaded_{i}_{key}_{_load_kind(cfg)}" if load else None
         jobs.append(SliceJob(i, s, base / f"slice_{i}_{key}", loaded))
     return plan, jobs
+
+
+def _load_kind(cfg: PrismConfig) -> str:
+    """What a loaded run's spans depend on beyond its slice: what computes beside it and, in a
+    co-run, its assistant's scheduling class (a changed setting runs the loaded runs afresh)."""
+    e = cfg.emulation
+    return f"co_run_{e.co_run_assistant}" if e.neighbours == "co_run" else e.neighbours
 
 
 def loaded_runs(cfg: PrismConfig) -> bool:

@@ -1071,6 +1071,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,
+        "idle_class": hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE,
         "paced_ranks": sorted(pacer.counterparts) if pacer else [], "pace_nudges": pacer.nudges if pacer else 0,
         "paced_waits": pacer.waits if pacer else 0, "paced_wait_s": pacer.waited_s if pacer else 0.0,
         "late_join": late_join is not None, "late_join_waits": late_join.waits if late_join else 0,
@@ -1100,6 +1101,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--join-late", action="store_true",
                         help="plain slice: a virtual member of a collective with a sandbox rank goes on the wire "
                              "once a sandbox member has issued it (the sandbox ranks nudge --pace-socket)")
+    parser.add_argument("--idle", action="store_true",
+                        help="co-run member: the whole assistant in the idle scheduling class, so that it runs "
+                             "only while the sandbox ranks on its cores wait")
     ns = parser.parse_args(argv)
     if (ns.pace or ns.join_late) and not ns.pace_socket:
         parser.error("--pace and --join-late need --pace-socket")
@@ -1108,6 +1112,8 @@ def main(argv: list[str] | None = None) -> None:
     pace = {int(r): Path(f) for r, f in (item.split("=", 1) for item in ns.pace)}
     _die_with_launcher()
     bind_from_env()
+    if ns.idle and hasattr(os, "SCHED_IDLE"):    # before any thread starts: they all inherit it
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     os.environ[ENV_LAZY_GLOO] = "1"
     try:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,

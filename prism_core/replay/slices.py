@@ -168,6 +168,11 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--pace-socket", name, "--join-late"]
         env[ENV_NUDGE] = name
     if pacing is not None:
+        # A co-run member's assistant shares its ranks' cores; in the idle class it runs only while
+        # they wait, so that its virtual members' work (gloo rings, the graph walk) does not land
+        # inside their compute spans: they are what the loaded run is for.
+        if cfg.emulation.co_run_assistant == "idle":
+            helper.append("--idle")
         if pacing.counterparts:
             helper += ["--pace-socket", pacing.socket]
             helper += [f"--pace={r}={f}" for r, f in sorted(pacing.counterparts.items())]

@@ -97,11 +97,14 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) ->
 
 def _co_run_members_keep_to_each_other(trace, jobs) -> None:
     """In each member of the co-run, the virtual rank that the other member runs for real put
-    every op on the wire only after its real counterpart had issued it (replay/pacing.py)."""
+    every op on the wire only after its real counterpart had issued it (replay/pacing.py); each
+    member's assistant ran in the idle class, a plain slice's not."""
     for job in jobs:
         stats = json.loads((job.loaded / "replay" / "stats.json").read_text())
         others = sorted(r for j in jobs if j is not job for r in j.sandbox)
         assert stats["paced_ranks"] == others and stats["pace_nudges"] > 0
+        assert stats["idle_class"]       # emulation.co_run_assistant: idle, the default
+        assert not json.loads((job.directory / "replay" / "stats.json").read_text())["idle_class"]
         arrivals = np.load(job.loaded / "replay" / "arrivals.npy")
         for other in (j for j in jobs if j is not job):
             for r in other.sandbox:
