@@ -152,7 +152,7 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
 
 
 def _compute_against_real(cfg, graph, root: Path) -> tuple[float, float]:
-    """The timed ranks' compute per measured step (the sum of their compute spans, waits for a
+    """The timed ranks' compute over the measured steps (the sum of their compute spans, waits for a
     core taken out) in the plain slices and in their loaded runs, each as a ratio to the same
     ranks' in the pair's record (nan where no loaded run ran): which of the two computed as the
     real run did."""
@@ -160,7 +160,7 @@ def _compute_against_real(cfg, graph, root: Path) -> tuple[float, float]:
     match = match_ops(graph.trace)
     real = slice_timings(graph.trace, match, root / "record", list(range(cfg.job.world_size)))
 
-    def per_step(timings: dict) -> float:
+    def compute(timings: dict) -> float:
         total = 0.0
         for r, t in timings.items():
             cols = graph.trace.rank(r)
@@ -170,11 +170,11 @@ def _compute_against_real(cfg, graph, root: Path) -> tuple[float, float]:
     plain = loaded = real_plain = real_loaded = 0.0
     for j in jobs:
         timings = slice_timings(graph.trace, match, j.directory, j.sandbox)
-        plain += per_step(timings)
-        real_plain += per_step({r: real[r] for r in j.sandbox})
+        plain += compute(timings)
+        real_plain += compute({r: real[r] for r in j.sandbox})
         if j.loaded is not None and load_ran(j.loaded):
-            loaded += per_step(slice_timings(graph.trace, match, j.loaded, j.sandbox))
-            real_loaded += per_step({r: real[r] for r in j.sandbox})
+            loaded += compute(slice_timings(graph.trace, match, j.loaded, j.sandbox))
+            real_loaded += compute({r: real[r] for r in j.sandbox})
     return plain / real_plain, (loaded / real_loaded if real_loaded else float("nan"))
 
 
