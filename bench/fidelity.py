@@ -251,6 +251,10 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
         for r in range(world):
             runs.append((["emulate", str(root / f"emulate_{r}"), str(graph.directory), str(timeline), str(r)],
                          [(root / f"emulate_{r}", [r])]))
+        if args.other_cost:
+            for r in range(world):
+                runs.append((["emulate", str(root / f"emulate_{r}_nocost"), str(graph.directory),
+                              str(_without_issue_cost(timeline)), str(r)], [(root / f"emulate_{r}_nocost", [r])]))
     if args.passes == 2:
         plan2, jobs2 = _second_pass_jobs(cfg, graph, root)
         runs += _slice_runs(cfg, graph, jobs2, args, _first_timeline(root))
@@ -263,10 +267,23 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
     out["emul_real"] = _figure(root / "record_e", world, warmup)
     if not args.no_emulate:
         out["emul"] = statistics.mean(_rank_figure(root / f"emulate_{r}", r, warmup) for r in range(world))
+        if args.other_cost:
+            out["emul_nocost"] = statistics.mean(_rank_figure(root / f"emulate_{r}_nocost", r, warmup)
+                                                 for r in range(world))
     if args.passes == 2:
         doc, _ = calibrate_pass(cfg, graph.trace, plan2, jobs2, root / "calibrate2", 1)
         out["pred2"] = _mean(doc, "iteration_time_s")
         out["oracle2"] = _variant(cfg, graph, root, "real", _first_timeline(root), "record_e")
+    return out
+
+
+def _without_issue_cost(timeline: Path) -> Path:
+    """A copy of `timeline` whose virtual ops go on the wire at their calibrated issue time (`--other-cost`)."""
+    with np.load(timeline) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["issue_cost"] = np.zeros_like(arrays["transfer"])
+    out = timeline.with_name(f"{timeline.stem}_nocost.npz")
+    np.savez(out, **arrays)
     return out
 
 
@@ -422,6 +439,10 @@ def main() -> None:
     parser.add_argument("--other-corun", action="store_true",
                         help="with --turns: each co-run runs again, taking turns too, with its assistants in the other "
                              "scheduling class (emulation.co_run_assistant); printed in the column 'other'")
+    parser.add_argument("--other-cost", action="store_true",
+                        help="with --turns and the emulations: each emulation also runs, taking turns too, on the "
+                             "timeline with its issue costs zeroed (virtual ops on the wire at their calibrated issue "
+                             "time); printed after the table")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
     parser.add_argument("--keep", type=Path, help="copy the graph and each pair's runs (and with --turns their "
@@ -436,11 +457,13 @@ def main() -> None:
         return
     if args.passes not in (1, 2) or (args.turns > 0 and args.passes == 2 and args.other_join):
         parser.error("--passes takes 1 or 2 (with --turns, 2 not with --other-join)")
-    if (args.join_late or args.other_join or args.other_corun) and args.turns <= 0:
-        parser.error("--join-late, --other-join and --other-corun run with --turns")
+    if (args.join_late or args.other_join or args.other_corun or args.other_cost) and args.turns <= 0:
+        parser.error("--join-late, --other-join, --other-corun and --other-cost run with --turns")
+    if args.other_cost and args.no_emulate:
+        parser.error("--other-cost runs the emulations a second way: not with --no-emulate")
     if args.other_join and args.other_corun:
         parser.error("--other-join and --other-corun fill the same column: one at a time")
-    rows = []
+    rows, costs = [], []
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
             cfg = _load(name, args.steps, args.sandbox, args.neighbours)
@@ -464,6 +487,7 @@ def main() -> None:
                 pair["plain_c"], pair["loaded_c"] = (_compute_against_real(cfg, graph, root) if first_pass
                                                      else (float("nan"), float("nan")))
                 pair.setdefault("pred2", float("nan"))
+                pair.setdefault("emul_nocost", float("nan"))
                 pair.setdefault("oracle2", float("nan"))
                 other = (_variant(cfg, graph, root, "other") if args.other_join else
                          _variant(cfg, graph, root, "other-corun") if args.other_corun else None)
@@ -482,6 +506,8 @@ def main() -> None:
                       f"waits for a core kept {pair['queued']:.4f} s ({_pct(pair['queued'], real)})  "
                       f"the other way ({'co-run assistants' if args.other_corun else 'joining'}) {pair['other']:.4f} s "
                       f"({_pct(pair['other'], real)})  "
+                      f"emulated without the issue cost {pair['emul_nocost']:.4f} s "
+                      f"({_pct(pair['emul_nocost'], pair['emul_real'])})  "
                       f"2nd pass {pair['pred2']:.4f} s ({_pct(pair['pred2'], pair['emul_real'])} against the second "
                       f"record), with its "
                       f"compute {pair['oracle2']:.4f} s ({_pct(pair['oracle2'], pair['emul_real'])})  "
@@ -492,6 +518,10 @@ def main() -> None:
             real = col["real"]
             r, p, u, f, e, er = (statistics.median(col[k]) for k in ("real", "pred", "uncal", "first", "emul",
                                                                       "emul_real"))
+            if args.other_cost:
+                costs.append((cfg.name, statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul"])]),
+                              statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul_nocost"])]),
+                              [b / a - 1 for a, b in zip(col["emul_real"], col["emul_nocost"])]))
             rows.append((cfg.name, r, p, e, er, f, u, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["selfcheck"])]), (max(real) - min(real)) / r,
                          _interval(real, col["pred"]), _interval(col["emul_real"], col["emul"]),
@@ -535,6 +565,10 @@ def main() -> None:
         other = "normal" if _load(args.config_name, args.steps, args.sandbox).emulation.co_run_assistant == "idle" else "idle"
         print(f"other: each pair's prediction with compute from co-runs whose assistants ran in the {other} scheduling "
               "class (pair-wise median), taking turns with the rest")
+    for name, with_cost, without, pairs in costs:
+        print(f"{name}: emulated with the virtual ops held for their ranks' issue cost {100 * with_cost:+.2f}%, "
+              f"without {100 * without:+.2f}% pair-wise against the second record (its pairs: "
+              f"{', '.join(f'{100 * x:+.2f}' for x in pairs)}), in the same turns")
     if args.passes == 2 and args.turns > 0:
         print("2nd pass: each pair's prediction from slices replaying the first pass's timeline and loaded runs of "
               "their own, taking turns with the second record, against that record (pair-wise median); 2nd real "

@@ -203,8 +203,8 @@ def _step_windows(run_dir: Path, rank: int, steps: list[float]) -> tuple[np.ndar
 
 def unstop_run(run_dir: Path, stops: Stops) -> None:
     """Take the stopped time out of a finished run: the step times in `results/`, then every
-    time in `trace_parts/` (the compute nodes' waits for a core too) and `replay/arrivals.npy`
-    (in place)."""
+    time in `trace_parts/` (node times, wire stamps, the compute nodes' waits for a core) and
+    `replay/arrivals.npy` (in place)."""
     run_dir = Path(run_dir)
     for path in sorted((run_dir / "results").glob("*.json")):
         result = json.loads(path.read_text())
@@ -224,8 +224,9 @@ def unstop_run(run_dir: Path, stops: Stops) -> None:
             nodes = columns["queued_node"]
             held = stopped_within(columns["t_start"][nodes], columns["t_end"][nodes], stops)
             columns["queued_s"] = np.maximum(columns["queued_s"] - held, 0.0)
-        for key in ("t_start", "t_end"):
-            columns[key] = stop_free(columns[key], stops)
+        for key in ("t_start", "t_end", "wire_t"):      # wire_t: when each comm op went on the wire
+            if key in columns:
+                columns[key] = stop_free(columns[key], stops)
         np.savez(part, **columns)
     arrivals = run_dir / "replay" / "arrivals.npy"
     if arrivals.is_file():

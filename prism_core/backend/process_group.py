@@ -142,6 +142,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         self._desc = "undefined"
         self._recorder = recorder
         self._ring: RingRunner | None = None
+        self._issuing: int | None = None      # the node whose op `_run` is starting (its wire stamp)
 
     # -- identity (c10d requires these from a Python ProcessGroup) -----------------------------
     def getBackendName(self) -> str:
@@ -183,7 +184,17 @@ class PrismProcessGroup(dist.ProcessGroup):
             p2p_key = (me, global_peer, tag) if op == "send" else (global_peer, me, tag)
         node = rec.issue(op, self._name, self._global_ranks, global_peer, _nbytes(ins), dtype, tag, p2p_key,
                          reduce_name(reduce) if reduce is not None else "", list(splits) if splits else None)
-        works = start()
+        self._issuing = node
+        handing = time.perf_counter()
+        try:
+            works = start()
+        finally:
+            # gloo's own op: on the wire as the call into gloo begins (a virtual member's stamp in a
+            # timed replay is taken there too, its own call into gloo following it); a ring stamps
+            # when its thread starts it
+            if self._issuing is not None:
+                rec.on_wire(node, handing)
+                self._issuing = None
         rec.issued(node)
         return PrismWork(works, rec, node, outputs, not p2p and self._gloo, watch)
 
@@ -208,6 +219,14 @@ class PrismProcessGroup(dist.ProcessGroup):
     def _submit_ring(self, run, result: list):
         if self._ring is None:
             self._ring = RingRunner(self._name)
+        node, rec = self._issuing, self._recorder
+        if node is not None and rec is not None:     # the op goes on the wire when its thread starts it
+            self._issuing = None
+            inner = run
+
+            def run() -> None:
+                rec.on_wire(node)
+                inner()
         return self._ring.submit(run, result)
 
     def _tree_for(self, op: str, t: torch.Tensor, reduce=None) -> str | None:

@@ -35,7 +35,7 @@ import numpy as np
 
 from prism_core.calibrate.timeline import NO_RELEASE, OP_RELEASE, WAIT_RELEASE, CalibrationError, NodeModel
 from prism_core.trace import Trace, merge_parts
-from prism_core.trace.store import read_queued
+from prism_core.trace.store import read_queued, read_wire
 from prism_core.trace.matching import OpMatch
 from prism_core.trace.schema import COMM, COMPUTE, OP_CODE, OPS, P2P_OPS, WAIT
 
@@ -58,6 +58,7 @@ class RankTiming:
     gaps: list[float]            # per step: time between the previous step's end and this step's start
     peaks: list[int | None]
     run: str = ""                # the slice run it was measured in
+    issue_cost: np.ndarray | None = None   # comm nodes: seconds from the rank's issue to the wire (0 unknown)
 
 
 def _check_same_structure(bare: Trace, rank: int, measured: dict[str, np.ndarray], where: Path) -> None:
@@ -198,13 +199,29 @@ def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.nd
     ends = [float(t1[np.nonzero(step_col == k)[0][-1]]) for k in range(len(steps)) if np.any(step_col == k)]
     gaps = [0.0] + [max((ends[k] - ends[k - 1]) - steps[k], 0.0) for k in range(1, len(ends))]
     return RankTiming(span=span, release=release, completes_synced=synced, transfer=transfer, step_times=steps,
-                      gaps=gaps, peaks=result.get("step_peaks") or [], run=str(slice_dir))
+                      gaps=gaps, peaks=result.get("step_peaks") or [], run=str(slice_dir),
+                      issue_cost=_issue_cost(slice_dir / "trace_parts" / f"{rank}.npz", t0, t1, kind))
+
+
+def _issue_cost(part: Path, t0: np.ndarray, t1: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """Per node: how long after its issue the rank's backend handed a communication op over to the
+    wire (`trace/recorder.py`), at most the op's own time (a small op can complete, on another
+    thread, before the stamp after gloo took it); 0 where not noted (compute, older traces)."""
+    cost = np.zeros(len(kind))
+    if not part.is_file():
+        return cost
+    nodes, when = read_wire(part)
+    ok = (nodes >= 0) & (nodes < len(kind))
+    nodes, when = nodes[ok], when[ok]
+    nodes, when = nodes[kind[nodes] == COMM], when[kind[nodes] == COMM]
+    cost[nodes] = np.clip(when - t0[nodes], 0.0, np.maximum(t1[nodes] - t0[nodes], 0.0))
+    return cost
 
 
 def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray) -> NodeModel:
     """The whole graph's model: each rank's own timing, or that of the rank it is renamed from."""
     n = len(bare.columns["kind"])
-    span, transfer = np.zeros(n), np.zeros(n)
+    span, transfer, cost = np.zeros(n), np.zeros(n), np.zeros(n)
     release = np.zeros(n, dtype=np.int8)
     synced = np.zeros(n, dtype=bool)
     for r in range(bare.world_size):
@@ -216,11 +233,13 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
             raise CalibrationError(f"rank {r} has {s.stop - s.start} nodes but rank {int(source[r])}, whose timing it "
                                    f"takes, has {len(t.span)}")
         span[s], transfer[s], release[s], synced[s] = t.span, t.transfer, t.release, t.completes_synced
+        if t.issue_cost is not None:
+            cost[s] = t.issue_cost
     ref = np.full(n, -1, dtype=np.int64)
     waits = np.nonzero(bare.columns["kind"] == WAIT)[0]
     rank_of = np.repeat(np.arange(bare.world_size), np.diff(bare.offsets))
     ref[waits] = bare.offsets[rank_of[waits]] + bare.columns["ref"][waits]
-    return NodeModel(span=span, release=release, ref=ref, completes_synced=synced, transfer=transfer)
+    return NodeModel(span=span, release=release, ref=ref, completes_synced=synced, transfer=transfer, issue_cost=cost)
 
 
 def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: dict[int, RankTiming],

@@ -39,6 +39,7 @@ class NodeModel:
     ref: np.ndarray           # wait nodes: global index of the async op they wait for; -1 otherwise
     completes_synced: np.ndarray   # comm nodes: completion follows the last arrival (else own issue)
     transfer: np.ndarray      # comm nodes: seconds from the last arrival (or own issue) to completion
+    issue_cost: np.ndarray | None = None   # comm nodes: seconds from issue to the wire (a replay's hand-over)
 
 
 def solve(model: NodeModel, match: OpMatch, offsets: np.ndarray, source: np.ndarray | None = None,

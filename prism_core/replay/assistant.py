@@ -59,6 +59,7 @@ class _Holds:
     held: int = 0
     held_s: float = 0.0
     most_ahead_s: float = -float("inf")
+    cost_s: float = 0.0       # the real ranks' issue cost the ops were held for beyond their clock
 
 
 class _Handle:
@@ -544,11 +545,15 @@ class Assistant:
                 self._issue_barrier(rank, i, g, h)
             return h
         timed_wake = woken_for is not None and self.model is not None
+        # timed: the op goes on the wire as long after its issue as the real rank's went (its own
+        # call, the hand-over to its ring's thread), so that the sandbox member's transfer holds
+        # that time as it does in the job when this member is the last to arrive
+        cost = float(self.model.issue_cost[i]) if self.model is not None else 0.0
         if self.model is not None and g in self.real_groups:
-            self._due[i] = self.clock[rank]
+            self._due[i] = self.clock[rank] + cost
         if g in self.real_groups and self.ring[i]:
             if timed_wake:
-                self._targets[rank] = woken_for      # on the wire once every member is in: _issued_on_time
+                self._targets[rank] = woken_for + cost   # on the wire once every member is in: _issued_on_time
             if self.ring[i] >= FIRST_TREE:
                 self._issue_tree(rank, i, g, h)
             else:
@@ -556,7 +561,7 @@ class Assistant:
             return h
         if g in self.real_groups and (op not in P2P_OPS or int(c["peer"][i]) in self.sandbox):
             if timed_wake:
-                self._targets[rank] = woken_for
+                self._targets[rank] = woken_for + cost
             self._issue_gloo(rank, i, h)
             return h
         entry = self.local.get(int(self.match.op_id[i]))
@@ -645,15 +650,18 @@ class Assistant:
         if due is not None:                       # timed: never on the wire before its clock
             ready = time.perf_counter()
             _hold_until(min(due, ready + MAX_LEAD_S))
-        self.arrivals[i] = time.perf_counter()    # the moment gloo gets the op, tensors in hand
+        handed = time.perf_counter()               # the moment gloo gets the op, tensors in hand
+        # a timed member arrived its issue cost before that (its due holds the cost)
+        self.arrivals[i] = handed - (float(self.model.issue_cost[i]) if due is not None else 0.0)
         if due is not None:
             with self.lock:
                 holds = self.holds
                 holds.ops += 1
+                holds.cost_s += float(self.model.issue_cost[i])
                 if due > ready:
                     holds.held += 1
                     holds.held_s += due - ready
-                holds.most_ahead_s = max(holds.most_ahead_s, due - self.arrivals[i])
+                holds.most_ahead_s = max(holds.most_ahead_s, due - handed)
         pg = self.pgs[pg_key[:2]]                 # a tree part's queue key names its queue too
         if isinstance(spec, TreePart):            # completes its members through its futures
             spec.run(pg)
@@ -1005,11 +1013,13 @@ class Assistant:
 class ReplayTiming:
     span: np.ndarray        # per node: seconds it takes (compute) on the calibrated timeline
     transfer: np.ndarray    # per node: seconds from the last arrival to completion (communication)
+    issue_cost: np.ndarray  # per node: seconds a real rank took from issuing the op to the wire
 
 
 def load_timing(path: Path) -> ReplayTiming:
     with np.load(path) as data:
-        return ReplayTiming(span=data["span"], transfer=data["transfer"])
+        cost = data["issue_cost"] if "issue_cost" in data.files else np.zeros_like(data["transfer"])
+        return ReplayTiming(span=data["span"], transfer=data["transfer"], issue_cost=cost)
 
 
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
@@ -1067,6 +1077,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "gloo_loop_policies": sorted(loop_policies().values()),
         "timer_lead_s": assistant.lead,
         "timed_gloo_ops": assistant.holds.ops, "held_ops": assistant.holds.held, "held_s": assistant.holds.held_s,
+        "timed_issue_cost_s": assistant.holds.cost_s,
         "max_ahead_of_clock_s": assistant.holds.most_ahead_s if assistant.holds.ops else None,
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,

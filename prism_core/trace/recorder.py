@@ -5,7 +5,9 @@ The prism backend calls `issue` / `complete` / `wait_begin` / `wait_end` around 
 `optimizer.step()`. Each call closes the compute node that ran since the previous point. Rows
 are kept as small Python lists (cheap to append) and turned into columns once, at the end.
 Beside each compute node that had any, the time the recording thread waited for a core within it
-(`trace/run_delay.py`), in the part's `queued_node` / `queued_s`.
+(`trace/run_delay.py`), in the part's `queued_node` / `queued_s`; beside each communication node,
+the moment the backend handed the op over to the wire (a ring's thread starting it, or gloo
+taking it), in `wire_node` / `wire_t`: what the rank's own issue cost before its op could move.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Recorder:
         self._delay = RunDelay.of_this_thread()     # the thread that starts the recorder runs the program
         self._delay_mark = self._delay.read() if self._delay is not None else 0
         self.queued: list[tuple[int, int]] = []     # (compute node, ns its thread waited for a core)
+        self.wire: list[tuple[int, float]] = []     # (comm node, when the backend handed it over to the wire)
 
     # -- points ------------------------------------------------------------------------------
     def _close_compute(self, now: float) -> None:
@@ -130,6 +133,10 @@ class Recorder:
         if self.flight is not None:
             self.flight.idle()
 
+    def on_wire(self, idx: int, when: float | None = None) -> None:
+        """The op of node `idx` was handed over to the wire (from any thread)."""
+        self.wire.append((idx, _now() if when is None else when))
+
     def complete(self, idx: int, when: float | None = None) -> None:
         """Completion time of an op (from a future callback, on any thread)."""
         row = self.rows[idx]
@@ -185,8 +192,11 @@ class Recorder:
         columns = self.columns()           # closes the last compute node (and samples it)
         live = np.asarray(self.live, dtype=np.int64).reshape(-1, 2)
         queued = np.asarray(self.queued, dtype=np.int64).reshape(-1, 2)
+        wire = sorted(self.wire)
         np.savez(tmp, tables=np.frombuffer(json.dumps(self.tables()).encode(), dtype=np.uint8), **columns,
-                 live_node=live[:, 0], live_bytes=live[:, 1], queued_node=queued[:, 0], queued_s=queued[:, 1] * 1e-9)
+                 live_node=live[:, 0], live_bytes=live[:, 1], queued_node=queued[:, 0], queued_s=queued[:, 1] * 1e-9,
+                 wire_node=np.asarray([n for n, _ in wire], dtype=np.int64),
+                 wire_t=np.asarray([t for _, t in wire], dtype=np.float64))
         os.replace(tmp, path)
         return path
 

@@ -70,6 +70,15 @@ def read_queued(part: Path) -> tuple[np.ndarray, np.ndarray]:
         return data["queued_node"].astype(np.int64), data["queued_s"].astype(np.float64)
 
 
+def read_wire(part: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's communication nodes (local indices) and the moment (its clock) the backend handed
+    each op over to the wire, from its trace part; empty where none were noted."""
+    with np.load(part) as data:
+        if "wire_node" not in data.files:
+            return np.empty(0, np.int64), np.empty(0)
+        return data["wire_node"].astype(np.int64), data["wire_t"].astype(np.float64)
+
+
 def merge_parts(parts_dir: Path, world_size: int, ranks: list[int] | None = None) -> Trace:
     """Combine the per-rank files the ranks left behind into one job trace (global name tables).
 

@@ -81,7 +81,8 @@ def test_stopped_time_comes_out_of_times_and_steps(tmp_path):
     t_end = np.array([0.9, 3.9, 6.5, 7.4])
     # waits for a core: node 2 held the 1-s stop, which the kernel counted as waiting (or not, rank 1)
     np.savez(run / "trace_parts" / "0.npz", t_start=t_start, t_end=t_end, step=np.array([0, 1, 1, 2]),
-             queued_node=np.array([1, 2]), queued_s=np.array([0.05, 1.2]))
+             queued_node=np.array([1, 2]), queued_s=np.array([0.05, 1.2]),
+             wire_node=np.array([1, 3]), wire_t=np.array([3.2, 6.7]))     # on the wire after the stops
     np.savez(run / "trace_parts" / "1.npz", t_start=t_start, t_end=t_end, step=np.array([0, 1, 1, 2]),
              queued_node=np.array([2]), queued_s=np.array([0.4]))
     (run / "results" / "0.json").write_text(json.dumps({"step_times_s": [0.9, 3.4, 0.9]}))
@@ -90,6 +91,7 @@ def test_stopped_time_comes_out_of_times_and_steps(tmp_path):
     with np.load(run / "trace_parts" / "0.npz") as part:
         assert np.allclose(part["t_start"], [0.0, 1.1, 2.0, 3.6])
         assert np.allclose(part["queued_s"], [0.05, 0.2])
+        assert np.allclose(part["wire_t"], [1.2, 3.7])         # on the same stop-free clock as the nodes
     with np.load(run / "trace_parts" / "1.npz") as part:
         assert part["queued_s"].tolist() == [0.0]
 

@@ -72,6 +72,10 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
     replay = json.loads((tmp_path / "emulate" / "replay" / "stats.json").read_text())
     assert replay["timed"] and replay["timed_gloo_ops"] > 0    # the virtual stage's sends and receives
     assert replay["max_ahead_of_clock_s"] <= 0.0, "a virtual op went on the wire before its calibrated time"
+    # ... plus the issue cost its rank had in its slice: every comm node has one, nothing else does
+    cost, kind = np.load(root / "calibrate" / "timeline.npz")["issue_cost"], graph.trace.columns["kind"]
+    assert np.all(cost[kind != COMM] == 0) and np.all(cost[kind == COMM] > 0)
+    assert replay["timed_issue_cost_s"] > 0
     placement = doc["emulation"]["placement"]     # one rank of interest and the assistant: 2 cores
     assert placement["bound"] == (len(machine_cores()) >= 2)
     if placement["bound"]:                        # the assistant on cores apart from the rank's

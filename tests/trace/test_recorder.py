@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -157,6 +158,33 @@ def test_live_bytes_are_sampled_at_every_compute_nodes_end(tmp_path):
     plain = Recorder(1)                                 # no memory counter: no samples, same file layout
     with np.load(plain.write_part(tmp_path)) as part:
         assert part["live_node"].size == 0 and part["live_bytes"].size == 0
+
+
+def test_wire_stamps_are_kept_per_comm_node_and_read_back(tmp_path):
+    from prism_core.calibrate.durations import _issue_cost
+    from prism_core.trace.store import read_wire
+
+    rec = Recorder(0)
+    first = rec.issue("allreduce", "world", WORLD, -1, 8, "float32")
+    rec.issued(first)
+    waited = rec.wait_begin(first, blocking=True)
+    time.sleep(0.002)                                        # each op takes longer than its issue cost
+    rec.wait_end(first, *waited)
+    second = rec.issue("broadcast", "world", WORLD, 0, 8, "float32")
+    rec.on_wire(second, rec.rows[second][-2] + 5e-6)        # a thread's stamp may land after the next op's
+    rec.issued(second)
+    rec.on_wire(first, rec.rows[first][-2] + 2e-6)
+    waited = rec.wait_begin(second, blocking=True)
+    time.sleep(0.002)
+    rec.wait_end(second, *waited)
+    part = rec.write_part(tmp_path)
+    nodes, when = read_wire(part)
+    assert nodes.tolist() == [first, second]                 # in node order
+    cols = rec.columns()
+    cost = _issue_cost(part, cols["t_start"], cols["t_end"], cols["kind"])
+    assert cost[first] == pytest.approx(2e-6) and cost[second] == pytest.approx(5e-6)
+    assert np.all(cost[cols["kind"] != COMM] == 0)
+    assert read_wire(Recorder(1).write_part(tmp_path))[0].size == 0     # no op: nothing noted
 
 
 def test_seq_counts_per_group_for_collectives():
