@@ -25,7 +25,10 @@ collectives joining the other way (late, or with `--join-late` early: replay/sli
 `run_with_assistant`), taking turns with the rest, and the column "other" is the prediction
 with the communication of those slices. With `--other-corun` each co-run runs again with its
 assistants in the other scheduling class (`emulation.co_run_assistant`), and "other" is the
-prediction with the compute of those co-runs.
+prediction with the compute of those co-runs. With `--other-cost` each emulation runs again on
+a copy of the timeline whose issue costs are zero (its virtual ops on the wire at their
+calibrated issue, not that plus their rank's issue cost), taking turns with the rest, and a line
+after the table gives both against the second record.
 
 With `--passes 2` (and `--turns`) the slices run a second time, their virtual ranks replaying the
 first pass's calibrated timeline in real time (calibrate/stage.py `time_and_calibrate`), taking
@@ -34,7 +37,8 @@ turns with the second record (and the emulations) and with loaded runs of their 
 compute spans) are against the second record, as the first pass's are against the first.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join] [--passes 2]] [--join-late]
+                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-cost]
+                                       [--passes 2]] [--join-late]
                                        [--keep DIR]
 
 Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a
