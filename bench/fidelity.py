@@ -37,7 +37,7 @@ turns with the second record (and the emulations) and with loaded runs of their 
 compute spans) are against the second record, as the first pass's are against the first.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-cost]
+                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun] [--other-cost]
                                        [--passes 2]] [--join-late]
                                        [--keep DIR]
 
