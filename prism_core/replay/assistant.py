@@ -651,13 +651,13 @@ class Assistant:
             ready = time.perf_counter()
             _hold_until(min(due, ready + MAX_LEAD_S))
         handed = time.perf_counter()               # the moment gloo gets the op, tensors in hand
-        # a timed member arrived its issue cost before that (its due holds the cost)
-        self.arrivals[i] = handed - (float(self.model.issue_cost[i]) if due is not None else 0.0)
+        cost = float(self.model.issue_cost[i]) if due is not None else 0.0
+        self.arrivals[i] = handed - cost          # a timed member arrived its issue cost before (its due holds it)
         if due is not None:
             with self.lock:
                 holds = self.holds
                 holds.ops += 1
-                holds.cost_s += float(self.model.issue_cost[i])
+                holds.cost_s += cost
                 if due > ready:
                     holds.held += 1
                     holds.held_s += due - ready
