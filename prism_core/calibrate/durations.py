@@ -205,15 +205,15 @@ def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.nd
 
 def _issue_cost(part: Path, t0: np.ndarray, t1: np.ndarray, kind: np.ndarray) -> np.ndarray:
     """Per node: how long after its issue the rank's backend handed a communication op over to the
-    wire (`trace/recorder.py`), at most the op's own time (a small op can complete, on another
-    thread, before the stamp after gloo took it); 0 where not noted (compute, older traces)."""
+    wire (`trace/recorder.py`), at most the op's own time (a stamp off the nodes' clock cannot hold
+    a virtual op for longer than the op took); 0 where not noted (compute, older traces)."""
     cost = np.zeros(len(kind))
     if not part.is_file():
         return cost
     nodes, when = read_wire(part)
     ok = (nodes >= 0) & (nodes < len(kind))
+    ok[ok] = kind[nodes[ok]] == COMM
     nodes, when = nodes[ok], when[ok]
-    nodes, when = nodes[kind[nodes] == COMM], when[kind[nodes] == COMM]
     cost[nodes] = np.clip(when - t0[nodes], 0.0, np.maximum(t1[nodes] - t0[nodes], 0.0))
     return cost
 

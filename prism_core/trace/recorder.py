@@ -6,8 +6,8 @@ The prism backend calls `issue` / `complete` / `wait_begin` / `wait_end` around 
 are kept as small Python lists (cheap to append) and turned into columns once, at the end.
 Beside each compute node that had any, the time the recording thread waited for a core within it
 (`trace/run_delay.py`), in the part's `queued_node` / `queued_s`; beside each communication node,
-the moment the backend handed the op over to the wire (a ring's thread starting it, or gloo
-taking it), in `wire_node` / `wire_t`: what the rank's own issue cost before its op could move.
+the moment the backend handed the op over to the wire (a ring's thread starting it, or the call
+into gloo beginning), in `wire_node` / `wire_t`: what the rank's own issue cost before its op could move.
 """
 
 from __future__ import annotations

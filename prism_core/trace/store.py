@@ -64,19 +64,21 @@ def _read_part(path: Path) -> tuple[dict[str, np.ndarray], dict]:
 def read_queued(part: Path) -> tuple[np.ndarray, np.ndarray]:
     """A rank's compute nodes (local indices) and the seconds its thread waited for a core within
     each (trace/run_delay.py), from its trace part; empty where none were noted."""
-    with np.load(part) as data:
-        if "queued_node" not in data.files:
-            return np.empty(0, np.int64), np.empty(0)
-        return data["queued_node"].astype(np.int64), data["queued_s"].astype(np.float64)
+    return _node_values(part, "queued_node", "queued_s")
 
 
 def read_wire(part: Path) -> tuple[np.ndarray, np.ndarray]:
     """A rank's communication nodes (local indices) and the moment (its clock) the backend handed
     each op over to the wire, from its trace part; empty where none were noted."""
+    return _node_values(part, "wire_node", "wire_t")
+
+
+def _node_values(part: Path, nodes: str, values: str) -> tuple[np.ndarray, np.ndarray]:
+    """Two columns of a trace part noted beside some nodes; empty where the part has none."""
     with np.load(part) as data:
-        if "wire_node" not in data.files:
+        if nodes not in data.files:
             return np.empty(0, np.int64), np.empty(0)
-        return data["wire_node"].astype(np.int64), data["wire_t"].astype(np.float64)
+        return data[nodes].astype(np.int64), data[values].astype(np.float64)
 
 
 def merge_parts(parts_dir: Path, world_size: int, ranks: list[int] | None = None) -> Trace:
