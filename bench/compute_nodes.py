@@ -75,7 +75,8 @@ def kept_pairs(keep: Path):
                 sandbox = json.loads((d / "slice.json").read_text())["sandbox"]
                 index, key = d.name.split("_")[1:3]
                 loaded = [p for p in d.parent.glob(f"loaded_{index}_{key}_*")
-                          if not p.name.endswith(("_other", "_r2")) and "_twin" not in p.name and load_ran(p)]
+                          if not p.name.endswith(("_other", "_r2")) and "_twin" not in p.name and "_replica" not in p.name
+                          and load_ran(p)]
                 slices.append((sandbox, d, loaded[0] if loaded else None))
             yield config.name, graphs[0], pair, slices
 

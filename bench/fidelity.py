@@ -62,8 +62,9 @@ import numpy as np
 
 from prism_core.calibrate import predict
 from prism_core.calibrate.durations import load_ran, slice_timings, with_loaded_compute
-from prism_core.calibrate.predict import predict_from, timed_ranks
-from prism_core.calibrate.stage import calibrate_pass, co_runs, plan_orders, slice_jobs, time_and_calibrate
+from prism_core.calibrate.predict import predict_from, replica_spans, timed_ranks
+from prism_core.calibrate.stage import (calibrate_pass, co_runs, plan_orders, replica_runs, slice_jobs,
+                                       time_and_calibrate)
 from prism_core.collect.stage import collect
 from prism_core.config import load_config
 from prism_core.emulate.stage import emulate
@@ -123,11 +124,16 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
     members of collectives joining late, or early; None where they did not run).
     "other-corun": compute from co-runs whose assistants ran in the other scheduling class
     (`--other-corun`; None where they did not run).
+    "reordered": the DP replicas measured in a co-run reordered from their timed rank instead, as
+    where none ran (None where none was measured).
     `timing`: the slices of the pass that replayed this timeline (`--passes 2`); `record_dir`:
-    the real run whose compute spans "real" takes.
+    the real run whose compute spans "real" takes. DP replicas measured in a co-run keep their
+    spans from it, from the real run in "real", and take reorderings in "plain".
     """
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing", timing)
     match = match_ops(graph.trace)
+    replicas = replica_runs(jobs)
+    measured = replica_spans(graph.trace, match, replicas, unqueue=compute != "queued")
     if compute == "other":
         other = [_other(j.directory) for j in jobs]
         if not all((d / "results").is_dir() for d in other):
@@ -142,16 +148,26 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
         if not any(d is not None and load_ran(d) for d in other):
             return None
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs], other)
+        measured = replica_spans(graph.trace, match, [(_other(d), ranks) for d, ranks in replicas])
     elif compute == "plain":
         if not any(j.loaded is not None and load_ran(j.loaded) for j in jobs):
             return None
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs])
+        measured = {}
+    elif compute == "reordered":
+        if not measured:
+            return None
+        timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
+                                 [j.loaded for j in jobs])
+        measured = {}
     else:
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
                                  [j.loaded for j in jobs])
         real = slice_timings(graph.trace, match, root / record_dir, list(range(cfg.job.world_size)))
         timings = with_loaded_compute(graph.trace, timings, real)     # swaps in the real run's compute spans
-    prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, plan_orders(cfg, plan))
+        measured = {r: real[r].span for r in measured}
+    prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, plan_orders(cfg, plan),
+                              measured=measured)
     return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())
 
 
@@ -467,7 +483,7 @@ def main() -> None:
         parser.error("--other-cost runs the emulations a second way: not with --no-emulate")
     if args.other_join and args.other_corun:
         parser.error("--other-join and --other-corun fill the same column: one at a time")
-    rows, costs = [], []
+    rows, costs, replicas = [], [], []
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
             cfg = _load(name, args.steps, args.sandbox, args.neighbours)
@@ -488,6 +504,8 @@ def main() -> None:
                 unloaded = _variant(cfg, graph, root, "plain") if first_pass else None
                 pair["plain"] = float("nan") if unloaded is None else unloaded
                 pair["queued"] = _variant(cfg, graph, root, "queued") if first_pass else float("nan")
+                reordered = _variant(cfg, graph, root, "reordered") if first_pass else None
+                pair["reordered"] = float("nan") if reordered is None else reordered
                 pair["plain_c"], pair["loaded_c"] = (_compute_against_real(cfg, graph, root) if first_pass
                                                      else (float("nan"), float("nan")))
                 pair.setdefault("pred2", float("nan"))
@@ -508,6 +526,7 @@ def main() -> None:
                       f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
                       f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
                       f"waits for a core kept {pair['queued']:.4f} s ({_pct(pair['queued'], real)})  "
+                      f"DP replicas reordered {pair['reordered']:.4f} s ({_pct(pair['reordered'], real)})  "
                       f"the other way ({'co-run assistants' if args.other_corun else 'joining'}) {pair['other']:.4f} s "
                       f"({_pct(pair['other'], real)})  "
                       f"emulated without the issue cost {pair['emul_nocost']:.4f} s "
@@ -522,6 +541,10 @@ def main() -> None:
             real = col["real"]
             r, p, u, f, e, er = (statistics.median(col[k]) for k in ("real", "pred", "uncal", "first", "emul",
                                                                       "emul_real"))
+            if not any(np.isnan(col["reordered"])):
+                replicas.append((cfg.name, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
+                                 statistics.median([b / a - 1 for a, b in zip(real, col["reordered"])]),
+                                 [b / a - 1 for a, b in zip(real, col["reordered"])]))
             if args.other_cost:
                 costs.append((cfg.name, statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul"])]),
                               statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul_nocost"])]),
@@ -556,8 +579,9 @@ def main() -> None:
               f"{100 * pc:+12.2f}% {100 * lc:+13.2f}%")
     print("emulated: against the real run of its own (with --turns a second record, taking turns with the emulations)")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
-    print("real compute: each pair's prediction with the real run's compute spans in place of the slices' (pair-wise "
-          "median): the error of the slices' communication and of the calibration alone")
+    print("real compute: each pair's prediction with the real run's compute spans in place of the slices' and of the "
+          "DP replicas measured in co-runs (pair-wise median): the error of the slices' communication and of the "
+          "calibration alone")
     print("no load: each pair's prediction from its plain slices alone, their loaded runs left out (pair-wise median; "
           "nan where no slice had one): what the loaded runs' neighbours (co-runs or the stand-in load) moved")
     print("queue kept: each pair's prediction with the slices' compute spans holding the ranks' waits for their "
@@ -569,6 +593,10 @@ def main() -> None:
         other = "normal" if _load(args.config_name, args.steps, args.sandbox).emulation.co_run_assistant == "idle" else "idle"
         print(f"other: each pair's prediction with compute from co-runs whose assistants ran in the {other} scheduling "
               "class (pair-wise median), taking turns with the rest")
+    for name, measured, reordered, pairs in replicas:
+        print(f"{name}: predicted with its DP replica's compute measured in the co-run {100 * measured:+.2f}%, with "
+              f"the timed rank's steps reordered instead {100 * reordered:+.2f}% pair-wise (its pairs: "
+              f"{', '.join(f'{100 * x:+.2f}' for x in pairs)}), from the same runs")
     for name, with_cost, without, pairs in costs:
         print(f"{name}: emulated with the virtual ops held for their ranks' issue cost {100 * with_cost:+.2f}%, "
               f"without {100 * without:+.2f}% pair-wise against the second record (its pairs: "

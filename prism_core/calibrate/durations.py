@@ -22,7 +22,8 @@ Collectives whose members were timed in different runs give every member the mem
 transfer (`pool_member_noise`).
 
 Ranks not timed themselves (other DP replicas) take the model of the rank they are renamed from,
-their steps' compute in another order (`replica_noise`).
+their steps' compute in another order (`replica_noise`), or, for a replica that ran for real in
+a co-run beside its timed rank (`stage.co_runs`), the compute it measured there.
 """
 
 from __future__ import annotations
@@ -317,8 +318,18 @@ def replica_orders(dp: int, ep: int = 1) -> int:
     return 1
 
 
+def replica_copies(source: np.ndarray) -> dict[int, list[int]]:
+    """Per timed rank, the ranks that take its durations in replica order: the rank itself, then
+    its replicas by rank; the j-th takes order j mod the orders in use (`replica_noise`)."""
+    copies: dict[int, list[int]] = {}
+    for r, s in enumerate(np.asarray(source).tolist()):
+        copies.setdefault(int(s), []).append(r)
+    return {s: sorted(rs, key=lambda r: (r != s, r)) for s, rs in copies.items()}
+
+
 def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step: int,
-                  orders: int = REPLICA_ORDERS) -> tuple[NodeModel, np.ndarray]:
+                  orders: int = REPLICA_ORDERS,
+                  measured: dict[int, np.ndarray] | None = None) -> tuple[NodeModel, np.ndarray]:
     """DP replicas that take a timed rank's durations, each with its steps' compute in another order.
 
     Replicas of one rank run the same nodes, but each computes with noise of its own (the
@@ -333,6 +344,13 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     step behind, -1.7 ... +1.2% half the run behind; both ranks' own compute: -0.5 ... +0.4%).
     Replicas j and j + `orders` take the same order (`replica_orders`).
 
+    `measured`: spans (over the rank's nodes) of replicas that ran for real beside their timed
+    rank, in step with it (a co-run's spare place, `stage.co_runs`). The first replica of an
+    order that has them takes their compute instead of a reordering: this machine's slow spells
+    last seconds and slow both cores at once (the two ranks' compute a step correlated 0.78-0.97
+    in `prism record` of the W=2 configs), which a reordering of one rank's steps turns into
+    waits the real replicas did not have; a replica measured beside the rank has the same spells.
+
     Returns the model and, per rank, the rank whose timeline it shares (the first replica with its
     order), for the quotient solver (`timeline.solve`).
     """
@@ -340,17 +358,18 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     source = np.asarray(source, dtype=np.int64)
     shares = np.arange(world)
     order = np.zeros(world, dtype=np.int64)
-    by_source = np.argsort(source, kind="stable")
-    bounds = np.flatnonzero(np.diff(source[by_source])) + 1
-    for copies in np.split(by_source, bounds):
-        s = int(source[copies[0]])
-        copies = sorted(copies.tolist(), key=lambda r: (r != s, r))   # replica index: rank order
+    for copies in replica_copies(source).values():
         for j, r in enumerate(copies):
             order[r] = j % max(orders, 1)
             shares[r] = copies[order[r]]
     in_use = np.minimum(np.bincount(source, minlength=world), max(orders, 1))   # orders a rank's replicas take
     span = model.span.copy()
     for r in np.nonzero((order > 0) & (shares == np.arange(world)))[0]:   # one replica per order
+        if measured and int(r) in measured:
+            nodes = np.arange(bare.offsets[r], bare.offsets[r + 1])
+            compute = bare.rank(int(r))["kind"] == COMPUTE
+            span[nodes[compute]] = np.asarray(measured[int(r)])[compute]
+            continue
         steps = _steady_compute(bare, int(r), first_step)
         if steps is not None:
             nodes = steps + bare.offsets[r]

@@ -8,7 +8,8 @@ answered as fast as the graph allowed: the paper's ablation without inter-slice 
 Where a slice has a loaded run, its compute spans come from that run; collectives whose
 members were timed in different slices have their members' noise pooled, loaded runs or not;
 DP replicas that take a timed rank's durations take its steps' compute in other orders, so that
-their collectives wait for the slowest as real replicas do (`durations`).
+their collectives wait for the slowest as real replicas do, or the compute of the same replica
+run for real beside its timed rank in a co-run (`replica_spans`, `durations.replica_noise`).
 """
 
 from __future__ import annotations
@@ -42,13 +43,29 @@ class Prediction:
 
 
 def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray,
-            loaded: list[Path | None] | None = None, warmup: int = 0, orders: int = 1) -> Prediction:
+            loaded: list[Path | None] | None = None, warmup: int = 0, orders: int = 1,
+            replicas: list[tuple[Path, list[int]]] | None = None) -> Prediction:
     """`loaded[i]`: slice i run beside the neighbour load (None, or a run the load did not run in: its
     compute spans are the plain run's). DP replicas renamed from one timed rank take its steps
-    from `warmup` on in up to `orders` orders (`durations.replica_noise`, `replica_orders`)."""
+    from `warmup` on in up to `orders` orders (`durations.replica_noise`, `replica_orders`), or
+    their own compute where `replicas` (co-run members that ran replicas for real) has it."""
     match = match_ops(bare)
     timings, load = timed_ranks(bare, match, slices, loaded)
-    return predict_from(bare, match, timings, source, warmup, orders, load)
+    measured = replica_spans(bare, match, replicas or [])
+    if load is not None:
+        load["replicas_measured"] = sorted(measured)
+    return predict_from(bare, match, timings, source, warmup, orders, load, measured)
+
+
+def replica_spans(bare: Trace, match: OpMatch, runs: list[tuple[Path, list[int]]],
+                  unqueue: bool = True) -> dict[int, np.ndarray]:
+    """The spans of DP replicas that ran for real in a co-run (`runs`: directory, ranks), those
+    whose co-run had every member bound to its core (`load_ran`); `unqueue` as in `slice_timings`."""
+    out: dict[int, np.ndarray] = {}
+    for directory, ranks in runs:
+        if load_ran(directory):
+            out.update({r: t.span for r, t in slice_timings(bare, match, directory, ranks, unqueue).items()})
+    return out
 
 
 def timed_ranks(bare: Trace, match: OpMatch, slices: list[tuple[Path, list[int]]],
@@ -75,11 +92,13 @@ def timed_ranks(bare: Trace, match: OpMatch, slices: list[tuple[Path, list[int]]
 
 
 def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], source: np.ndarray,
-                 warmup: int = 0, orders: int = 1, load: dict | None = None) -> Prediction:
-    """The calibrated prediction from the timed ranks' measurements (`timed_ranks`)."""
+                 warmup: int = 0, orders: int = 1, load: dict | None = None,
+                 measured: dict[int, np.ndarray] | None = None) -> Prediction:
+    """The calibrated prediction from the timed ranks' measurements (`timed_ranks`) and the spans
+    of replicas measured in co-runs (`replica_spans`)."""
     model = merge_model(bare, timings, source)
     model = pool_member_noise(bare, match, model, timings, source)
-    model, shares = replica_noise(bare, model, source, warmup, orders)
+    model, shares = replica_noise(bare, model, source, warmup, orders, measured)
     end, start, rounds = solve(model, match, bare.offsets, source=shares)
     step_times, uncalibrated, peaks = {}, {}, {}
     for r in range(bare.world_size):

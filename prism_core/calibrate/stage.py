@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from prism_core.calibrate.durations import replica_orders
+from prism_core.calibrate.durations import replica_copies, replica_orders
 from prism_core.calibrate.predict import predict, prediction_metrics
 from prism_core.config import PrismConfig
 from prism_core.launch.cores import machine_cores
@@ -31,6 +31,9 @@ class SliceJob:
     sandbox: list[int]
     directory: Path
     loaded: Path | None = None    # the same slice run beside its neighbours (a co-run) or the stand-in load
+    # DP replicas of the sandbox, replicas[j - 1] taking order j (`durations.replica_noise`): a
+    # co-run short of members runs them for real beside the slice (`co_runs`)
+    replicas: list[list[int]] = field(default_factory=list)
 
 
 def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Path,
@@ -46,12 +49,25 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
     if timing is not None:
         base = base / f"refined_{_digest(timing)}"
     load = loaded_runs(cfg)
+    copies, orders = replica_copies(plan.source), plan_orders(cfg, plan)
     jobs = []
     for i, s in enumerate(plan.slices):
         key = slice_key(graph_key, cfg, s)
         loaded = root / f"loaded_{i}_{key}_{_load_kind(cfg)}" if load else None
-        jobs.append(SliceJob(i, s, base / f"slice_{i}_{key}", loaded))
+        replicas = [[copies[r][j] for r in s] for j in range(1, orders) if all(len(copies[r]) > j for r in s)]
+        jobs.append(SliceJob(i, s, base / f"slice_{i}_{key}", loaded, replicas))
     return plan, jobs
+
+
+def replica_dir(loaded: Path, order: int) -> Path:
+    """Where a slice's DP replicas of `order` run for real in its co-run."""
+    return loaded.with_name(f"{loaded.name}_replica{order}")
+
+
+def replica_runs(jobs: list[SliceJob]) -> list[tuple[Path, list[int]]]:
+    """Every (directory, ranks) where a co-run may have run a slice's DP replicas for real."""
+    return [(replica_dir(j.loaded, n + 1), ranks) for j in jobs if j.loaded is not None
+            for n, ranks in enumerate(j.replicas)]
 
 
 def _load_kind(cfg: PrismConfig) -> str:
@@ -72,15 +88,19 @@ def loaded_runs(cfg: PrismConfig) -> bool:
 
 def co_runs(jobs: list[SliceJob], cores: int, sandbox: int) -> list[list[tuple[list[int], Path]]]:
     """The loaded runs of `jobs` in co-runs of `cores // sandbox` slices each, in order; the last
-    one filled up with twins of the first slices (`<loaded dir>_twin<k>`, the same ranks run again
-    in a directory of their own, whose spans are not used), so that every member has neighbours."""
-    members = [(j.sandbox, j.loaded) for j in jobs if j.loaded is not None]
+    one filled up, so that every member has neighbours, from the first slices: with their DP
+    replicas where they have them (`replica_dir`: the replica's own ranks, run for real and in
+    step with the slice, whose compute the calibration gives that replica), else with twins
+    (`<loaded dir>_twin<k>`, the same ranks run again, whose spans are not used)."""
+    loaded = [j for j in jobs if j.loaded is not None]
     size = max(cores // sandbox, 1)
-    groups = [members[i:i + size] for i in range(0, len(members), size)]
+    groups = [[(j.sandbox, j.loaded) for j in loaded[i:i + size]] for i in range(0, len(loaded), size)]
     if groups and len(groups[-1]) < size:
         fill = size - len(groups[-1])
-        groups[-1] = groups[-1] + [(sb, d.with_name(f"{d.name}_twin{k}"))
-                                   for k, (sb, d) in enumerate((members * size)[:fill])]
+        for k, j in enumerate((loaded * size)[:fill]):
+            n = k // len(loaded)       # the how-many-th time this slice fills a place
+            groups[-1].append((j.replicas[n], replica_dir(j.loaded, n + 1)) if n < len(j.replicas)
+                              else (j.sandbox, j.loaded.with_name(f"{j.loaded.name}_twin{k}")))
     return groups
 
 
@@ -159,7 +179,8 @@ def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: lis
     """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`."""
     loaded = [j.loaded for j in jobs]
     prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source,
-                         loaded=loaded if any(loaded) else None, warmup=cfg.job.warmup, orders=plan_orders(cfg, plan))
+                         loaded=loaded if any(loaded) else None, warmup=cfg.job.warmup, orders=plan_orders(cfg, plan),
+                         replicas=replica_runs(jobs))
     document = prediction_metrics(cfg, prediction)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -152,6 +152,33 @@ def test_replicas_compute_the_timed_ranks_steps_in_other_orders_and_wait_for_the
     assert np.diff(same[trace.rank_slice(0)][1::2]) == pytest.approx([0.11, 0.31, 0.21, 0.41])   # copies never wait
 
 
+def test_a_replica_measured_beside_its_timed_rank_keeps_its_own_compute():
+    spans = [1.0, 0.1, 0.3, 0.2, 0.4]
+    trace, model = _replicas(3, spans)
+    compute = trace.rank(1)["kind"] == COMPUTE
+    own = model.span[trace.rank_slice(1)].copy()
+    own[compute] = [0.9, 0.15, 0.35, 0.25, 0.45]
+    own[~compute] = 99.0                                   # only its compute is taken
+    noisy, shares = replica_noise(trace, model, np.zeros(3, dtype=np.int64), first_step=1, orders=3,
+                                  measured={1: own})
+    compute_of = lambda r: noisy.span[trace.rank_slice(r)][trace.rank(r)["kind"] == COMPUTE].tolist()
+    assert compute_of(0) == spans
+    assert compute_of(1) == [0.9, 0.15, 0.35, 0.25, 0.45]
+    assert compute_of(2) == [1.0, 0.2, 0.4, 0.1, 0.3]     # not measured: a reordering, as before
+    assert np.array_equal(noisy.span[trace.rank_slice(1)][~compute], model.span[trace.rank_slice(1)][~compute])
+    assert shares.tolist() == [0, 1, 2]
+    # the same replica measured, two orders: replica 2 shares replica 0's order, so its timeline too
+    noisy, shares = replica_noise(trace, model, np.zeros(3, dtype=np.int64), first_step=1, orders=2,
+                                  measured={1: own})
+    assert compute_of(1) == [0.9, 0.15, 0.35, 0.25, 0.45] and compute_of(2) == spans
+    match = match_ops(trace)
+    end, _, _ = solve(noisy, match, trace.offsets)
+    quotient, _, _ = solve(noisy, match, trace.offsets, source=shares)
+    assert quotient == pytest.approx(end)
+    # each step waits for the slower of rank 0 and its measured replica
+    assert np.diff(end[trace.rank_slice(0)][1::2]) == pytest.approx([0.16, 0.36, 0.26, 0.46])
+
+
 def test_replica_orders_spread_over_the_measured_steps():
     """Two replicas over six measured steps: the second takes the step three before, not the one
     before (neighbouring steps are alike on a machine whose speed holds for seconds)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism_core.calibrate.stage import SliceJob, co_runs
+from prism_core.calibrate.stage import SliceJob, co_runs, replica_runs
 
 
 def _jobs(n: int, sandbox: int = 1) -> list[SliceJob]:
@@ -33,3 +33,17 @@ def test_slices_of_two_ranks_fill_four_cores_two_at_a_time_and_unloaded_jobs_are
     groups = co_runs(jobs, cores=4, sandbox=2)
     assert [[(sb, d.name) for sb, d in g] for g in groups] == [[([0, 1], "loaded_0"), ([4, 5], "loaded_2")]]
     assert co_runs([], cores=2, sandbox=1) == []
+
+
+def test_a_short_co_run_is_filled_with_the_slices_dp_replicas_before_twins():
+    (job,) = _jobs(1)
+    job.replicas = [[1], [2]]                    # replicas taking orders 1 and 2
+    (alone,) = co_runs([job], cores=4, sandbox=1)
+    assert [(sb, d.name) for sb, d in alone] == [([0], "loaded_0"), ([1], "loaded_0_replica1"),
+                                                 ([2], "loaded_0_replica2"), ([0], "loaded_0_twin2")]
+    assert replica_runs([job]) == [(Path("/t/loaded_0_replica1"), [1]), (Path("/t/loaded_0_replica2"), [2])]
+    jobs = _jobs(3)
+    jobs[0].replicas = [[3]]
+    groups = co_runs(jobs, cores=2, sandbox=1)
+    assert [[(sb, d.name) for sb, d in g] for g in groups] == [[([0], "loaded_0"), ([1], "loaded_1")],
+                                                               [([2], "loaded_2"), ([3], "loaded_0_replica1")]]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from prism_core.calibrate.durations import slice_timings
-from prism_core.calibrate.stage import slice_jobs, time_and_calibrate
+from prism_core.calibrate.stage import replica_runs, slice_jobs, time_and_calibrate
 from prism_core.collect import collect_rules
 from prism_core.collect.stage import collect
 from prism_core.config import config_from_dict, load_config
@@ -113,6 +113,38 @@ def _co_run_members_keep_to_each_other(trace, jobs) -> None:
                 s = trace.rank_slice(r)
                 comm = trace.columns["kind"][s] == COMM
                 assert comm.sum() > 0 and np.all(arrivals[s][comm] >= issued[comm]), (job.sandbox, r)
+
+
+@pytest.mark.timeout(300)
+def test_a_dp_replica_runs_for_real_beside_its_slice_and_gives_its_compute(tmp_path):
+    """dp2 times rank 0 alone; the co-run's spare place runs replica rank 1 for real, in step
+    with it, and the calibration gives rank 1 the compute it measured there."""
+    cfg = load_config(CONFIGS / "tiny_moe_w2_dp2.yaml", ["job.iterations=4", "emulation.sandbox=1"])
+    graph = collect(cfg, tmp_path / "collect")
+    document = time_and_calibrate(cfg, graph.trace, graph.directory, tmp_path / "timing", tmp_path / "calibrate")
+    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, tmp_path / "timing")
+    assert plan.source.tolist() == [0, 0] and [(j.sandbox, j.replicas) for j in jobs] == [([0], [[1]])]
+    assert set(document["ranks"]) == {"0", "1"}
+    if len(machine_cores()) < 2:
+        assert "loaded_compute" not in document
+        return
+    (job,) = jobs
+    (replica_dir, ranks), = replica_runs(jobs)
+    assert ranks == [1] and replica_dir.name == f"{job.loaded.name}_replica1"
+    members = json.loads((job.loaded / CO_RUN).read_text())["members"]
+    assert members == [str(job.loaded), str(replica_dir)]
+    for d, real, paced in ((job.loaded, 0, 1), (replica_dir, 1, 0)):
+        stats = json.loads((d / "replay" / "stats.json").read_text())
+        assert stats["paced_ranks"] == [paced] and stats["pace_nudges"] > 0, d
+        assert (d / "results" / f"{real}.json").is_file()
+    assert document["loaded_compute"]["replicas_measured"] == [1]
+    match = match_ops(graph.trace)
+    measured = slice_timings(graph.trace, match, replica_dir, [1])[1]
+    model = np.load(tmp_path / "calibrate" / "timeline.npz")
+    s = graph.trace.rank_slice(1)
+    compute = graph.trace.columns["kind"][s] == COMPUTE
+    assert np.array_equal(model["span"][s][compute], measured.span[compute])
+    assert not np.array_equal(model["span"][s][compute], model["span"][graph.trace.rank_slice(0)][compute])
 
 
 # slow: `prism run` of the same script with the same sandbox rank (tests/flows/test_pipeline_flow.py,
