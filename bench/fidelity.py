@@ -133,29 +133,34 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing", timing)
     match = match_ops(graph.trace)
     replicas = replica_runs(jobs)
-    measured = replica_spans(graph.trace, match, replicas, unqueue=compute != "queued")
+
+    def measured_replicas(unqueue: bool = True, where=lambda d: d) -> dict:
+        return replica_spans(graph.trace, match, [(where(d), ranks) for d, ranks in replicas], unqueue)
+
     if compute == "other":
         other = [_other(j.directory) for j in jobs]
         if not all((d / "results").is_dir() for d in other):
             return None
         timings, _ = timed_ranks(graph.trace, match, [(d, j.sandbox) for d, j in zip(other, jobs)],
                                  [j.loaded for j in jobs])
+        measured = measured_replicas()
     elif compute == "queued":
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
                                  [j.loaded for j in jobs], unqueue=False)
+        measured = measured_replicas(unqueue=False)
     elif compute == "other-corun":
         other = [None if j.loaded is None else _other(j.loaded) for j in jobs]
         if not any(d is not None and load_ran(d) for d in other):
             return None
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs], other)
-        measured = replica_spans(graph.trace, match, [(_other(d), ranks) for d, ranks in replicas])
+        measured = measured_replicas(where=_other)
     elif compute == "plain":
         if not any(j.loaded is not None and load_ran(j.loaded) for j in jobs):
             return None
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs])
         measured = {}
     elif compute == "reordered":
-        if not measured:
+        if not any(load_ran(d) for d, _ in replicas):
             return None
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
                                  [j.loaded for j in jobs])
@@ -165,7 +170,7 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
                                  [j.loaded for j in jobs])
         real = slice_timings(graph.trace, match, root / record_dir, list(range(cfg.job.world_size)))
         timings = with_loaded_compute(graph.trace, timings, real)     # swaps in the real run's compute spans
-        measured = {r: real[r].span for r in measured}
+        measured = {r: real[r].span for r in measured_replicas()}
     prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, plan_orders(cfg, plan),
                               measured=measured)
     return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())

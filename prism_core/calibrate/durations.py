@@ -366,9 +366,8 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     span = model.span.copy()
     for r in np.nonzero((order > 0) & (shares == np.arange(world)))[0]:   # one replica per order
         if measured and int(r) in measured:
-            nodes = np.arange(bare.offsets[r], bare.offsets[r + 1])
             compute = bare.rank(int(r))["kind"] == COMPUTE
-            span[nodes[compute]] = np.asarray(measured[int(r)])[compute]
+            span[bare.rank_slice(int(r))][compute] = np.asarray(measured[int(r)])[compute]
             continue
         steps = _steady_compute(bare, int(r), first_step)
         if steps is not None:
