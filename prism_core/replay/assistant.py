@@ -270,19 +270,17 @@ class Assistant:
         from prism_core.trace.schema import OPS
 
         c = self.trace.columns
-        wanted: dict[int, list[str]] = {}
+        wanted: list[tuple[int, str, int]] = []     # (whose cache entry, key, step)
         for r in self.virtual:
             s = self.trace.rank_slice(r)
             nodes = s.start + np.nonzero(np.isin(c["group"][s], list(self.real_groups)))[0]
             for i in nodes:
                 if OPS[c["op"][i]] != "recv":
-                    holder, key = self._cached_as(r, int(i))
-                    wanted.setdefault(holder, []).append(key)
+                    wanted.append((*self._cached_as(r, int(i)), int(c["step"][i])))
         for r in self.sandbox:          # ring neighbours fold every member's input, theirs too
             s = self.trace.rank_slice(r)
             for i in s.start + np.nonzero((self.ring[s] > 0) & (self.ring[s] < FIRST_TREE))[0]:
-                holder, key = self._cached_as(r, int(i))
-                wanted.setdefault(holder, []).append(key)
+                wanted.append((*self._cached_as(r, int(i)), int(c["step"][i])))
         self.inputs.preload(wanted)
         import torch.distributed as dist
 
@@ -1088,6 +1086,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "late_join": late_join is not None, "late_join_waits": late_join.waits if late_join else 0,
         "late_join_wait_s": late_join.waited_s if late_join else 0.0,
         "stopped_s": assistant._slipped - assistant._stop_base,     # the schedule moved by it
+        "inputs_streamed": assistant.inputs.streamed, "inputs_read_on_demand": assistant.inputs.on_demand,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     tmp = out / f".arrivals.{os.getpid()}.npy"
     np.save(tmp, assistant.arrivals)
