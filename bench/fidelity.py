@@ -209,6 +209,17 @@ def _figure(run_dir: Path, world: int, warmup: int) -> float:
                                              ["step_times_s"][warmup:]) for r in range(world))
 
 
+def _step_noise(run_dir: Path, world: int, warmup: int, draws: int = 1000, seed: int = 0) -> float:
+    """How far a run's figure moves with its own steps: the standard deviation of the figure over
+    resamples of its measured steps (the same steps for every rank, drawn with replacement), over
+    the figure. Two runs' figures differ by about 1.4 times it from their steps alone."""
+    times = np.array([json.loads((run_dir / "results" / f"{r}.json").read_text())["step_times_s"][warmup:]
+                      for r in range(world)])
+    picks = np.random.default_rng(seed).integers(0, times.shape[1], size=(draws, times.shape[1]))
+    figures = np.median(times[:, picks], axis=2).mean(axis=0)
+    return float(figures.std() / np.median(times, axis=1).mean())
+
+
 def _selfcheck(cfg, run_dir: Path) -> float:
     """The calibration fed the real run's own node times: must give back its figure."""
     world = cfg.job.world_size
@@ -519,6 +530,7 @@ def main() -> None:
                 other = (_variant(cfg, graph, root, "other") if args.other_join else
                          _variant(cfg, graph, root, "other-corun") if args.other_corun else None)
                 pair["other"] = float("nan") if other is None else other
+                pair["noise"] = _step_noise(root / "record", cfg.job.world_size, cfg.job.warmup)
                 pairs.append(pair)
                 if args.keep:
                     shutil.copytree(root, args.keep / cfg.name / f"pair{i}", ignore=shutil.ignore_patterns("collect"),
@@ -565,7 +577,8 @@ def main() -> None:
                          statistics.median([b / a - 1 for a, b in zip(real, col["other"])]),
                          statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["pred2"])]),
                          statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["oracle2"])]),
-                         statistics.median(col["plain_c"]) - 1, statistics.median(col["loaded_c"]) - 1))
+                         statistics.median(col["plain_c"]) - 1, statistics.median(col["loaded_c"]) - 1,
+                         statistics.median(col["noise"])))
     how = ((f"record and slices taking turns of {args.turns:g} s" +
             (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
            if args.turns > 0 else "runs one after the other")
@@ -575,13 +588,13 @@ def main() -> None:
           f"{'90% interval':>15} {'real (s)':>9} {'emulated (s)':>12} {'error':>8} {'pair-wise':>9} {'90% interval':>15} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} "
           f"{'queue kept':>10} {'real spread':>11} {'halves':>7} {'other':>10} {'2nd pass':>9} {'2nd real compute':>16} "
-          f"{'plain compute':>13} {'loaded compute':>14}")
-    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, hv, oj, p2, oc2, pc, lc in rows:
+          f"{'plain compute':>13} {'loaded compute':>14} {'step noise':>10}")
+    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, hv, oj, p2, oc2, pc, lc, sn in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {er:9.4f} {e:12.4f} "
               f"{_pct(e, er):>8} {100 * epw:+8.2f}% {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% "
               f"{100 * spread:10.2f}% {100 * hv:6.2f}% {100 * oj:+9.2f}% {100 * p2:+8.2f}% {100 * oc2:+15.2f}% "
-              f"{100 * pc:+12.2f}% {100 * lc:+13.2f}%")
+              f"{100 * pc:+12.2f}% {100 * lc:+13.2f}% {100 * sn:9.2f}%")
     print("emulated: against the real run of its own (with --turns a second record, taking turns with the emulations)")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' and of the "
@@ -616,6 +629,9 @@ def main() -> None:
           "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "
           "an error smaller than it cannot be told apart from none")
+    print("step noise: the real run's figure's own standard error from its steps (bootstrap over its measured "
+          "steps, median of the pairs): a pair's two figures differ by about 1.4 times it from their steps alone, "
+          "so a pair's error well inside that cannot be told apart from none; more --steps shrink it")
     print("halves: how far a pair's second record ran from its first (median of the pairs' |second / first - 1|): the "
           "emulations replay a timeline timed in the first half of the pair, so the machine's move between the "
           "halves lands in the emulated error")
