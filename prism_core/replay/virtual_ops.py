@@ -135,7 +135,7 @@ class Inputs:
             with self._lock:
                 for key, ns in parts.items():
                     self._held[(rank, key)] = [loaded[n] for n in ns]
-                    self._held_bytes += sum(loaded[n].numel() * loaded[n].element_size() for n in ns)
+                    self._held_bytes += _nbytes(self._held[(rank, key)])
                     out.append((rank, key))
         return out
 
@@ -159,7 +159,7 @@ class Inputs:
             for entry in self._held_at.pop(step):
                 tensors = self._held.pop(entry, None)
                 if tensors is not None:
-                    self._held_bytes -= sum(t.numel() * t.element_size() for t in tensors)
+                    self._held_bytes -= _nbytes(tensors)
         self._lock.notify_all()
 
     def _read(self, rank: int, key: str) -> list[torch.Tensor] | None:
@@ -199,6 +199,10 @@ class Inputs:
             self._thread.join(timeout=30)
         for reader in self._readers.values():
             reader.close()
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _zeros(nbytes: int, dtype: torch.dtype) -> torch.Tensor:
