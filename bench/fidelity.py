@@ -25,7 +25,10 @@ collectives joining the other way (late, or with `--join-late` early: replay/sli
 `run_with_assistant`), taking turns with the rest, and the column "other" is the prediction
 with the communication of those slices. With `--other-corun` each co-run runs again with its
 assistants in the other scheduling class (`emulation.co_run_assistant`), and "other" is the
-prediction with the compute of those co-runs. With `--other-cost` each emulation runs again on
+prediction with the compute of those co-runs. With `--other-awake` each plain slice runs again
+with its assistant's cores kept awake the other way (`emulation.keep_awake`: by default they are,
+launch/neighbour_load.py), and "other" is the prediction with the communication of those slices.
+With `--other-cost` each emulation runs again on
 a copy of the timeline whose issue costs are zero (its virtual ops on the wire at their
 calibrated issue, not that plus their rank's issue cost), taking turns with the rest, and a line
 after the table gives both against the second record.
@@ -37,7 +40,7 @@ turns with the second record (and the emulations) and with loaded runs of their 
 compute spans) are against the second record, as the first pass's are against the first.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun] [--other-cost]
+                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost]
                                        [--passes 2]] [--join-late]
                                        [--keep DIR]
 
@@ -121,7 +124,8 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
     "queued": the slices' compute spans with the ranks' waits for their core left in
     (trace/run_delay.py): what taking them out moved.
     "other": communication from the plain slices run the other way (`--other-join`: virtual
-    members of collectives joining late, or early; None where they did not run).
+    members of collectives joining late, or early; `--other-awake`: the assistant's cores kept
+    awake the other way; None where they did not run).
     "other-corun": compute from co-runs whose assistants ran in the other scheduling class
     (`--other-corun`; None where they did not run).
     "reordered": the DP replicas measured in a co-run reordered from their timed rank instead, as
@@ -348,8 +352,9 @@ def _slice_runs(cfg, graph, jobs, args, timeline: Path | None = None) -> list:
         else:
             runs.append((["slice-timed", str(j.directory), str(graph.directory), _ranks(j.sandbox), str(timeline)],
                          [(j.directory, j.sandbox)]))
-        if args.other_join and timeline is None:
-            runs.append((["slice-other", str(_other(j.directory)), str(graph.directory), _ranks(j.sandbox), "0"],
+        if (args.other_join or args.other_awake) and timeline is None:
+            runs.append((["slice-other" if args.other_join else "slice-awake", str(_other(j.directory)),
+                          str(graph.directory), _ranks(j.sandbox), "0"],
                          [(_other(j.directory), j.sandbox)]))
         if j.loaded is not None and cfg.emulation.neighbours == "stand_in":
             runs.append((["slice", str(j.loaded), str(graph.directory), _ranks(j.sandbox), "1"],
@@ -436,6 +441,11 @@ def _launch(args) -> None:
         late = args.join_late if kind == "slice" else not args.join_late
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), neighbour_load=loaded == "1",
                   join_late=late and loaded != "1")
+    elif kind == "slice-awake":  # "slice-awake OUT GRAPH SANDBOX 0": a plain slice, its assistant's cores the other way
+        graph, sandbox, _ = rest
+        cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
+            update={"keep_awake": not cfg.emulation.keep_awake})})
+        run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), join_late=args.join_late)
     elif kind == "slice-timed":  # "slice-timed OUT GRAPH SANDBOX TIMELINE": a second pass's slice
         graph, sandbox, timeline = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), Path(timeline))
@@ -475,6 +485,9 @@ def main() -> None:
     parser.add_argument("--other-corun", action="store_true",
                         help="with --turns: each co-run runs again, taking turns too, with its assistants in the other "
                              "scheduling class (emulation.co_run_assistant); printed in the column 'other'")
+    parser.add_argument("--other-awake", action="store_true",
+                        help="with --turns: each plain slice runs again, taking turns too, with its assistant's cores "
+                             "kept awake the other way (emulation.keep_awake); printed as the column 'other'")
     parser.add_argument("--other-cost", action="store_true",
                         help="with --turns and the emulations: each emulation also runs, taking turns too, on the "
                              "timeline with its issue costs zeroed (virtual ops on the wire at their calibrated issue "
@@ -491,14 +504,14 @@ def main() -> None:
     if args.launch:
         _launch(args)
         return
-    if args.passes not in (1, 2) or (args.turns > 0 and args.passes == 2 and args.other_join):
-        parser.error("--passes takes 1 or 2 (with --turns, 2 not with --other-join)")
-    if (args.join_late or args.other_join or args.other_corun or args.other_cost) and args.turns <= 0:
-        parser.error("--join-late, --other-join, --other-corun and --other-cost run with --turns")
+    if args.passes not in (1, 2) or (args.turns > 0 and args.passes == 2 and (args.other_join or args.other_awake)):
+        parser.error("--passes takes 1 or 2 (with --turns, 2 not with --other-join or --other-awake)")
+    if (args.join_late or args.other_join or args.other_corun or args.other_awake or args.other_cost) and args.turns <= 0:
+        parser.error("--join-late, --other-join, --other-corun, --other-awake and --other-cost run with --turns")
     if args.other_cost and args.no_emulate:
         parser.error("--other-cost runs the emulations a second way: not with --no-emulate")
-    if args.other_join and args.other_corun:
-        parser.error("--other-join and --other-corun fill the same column: one at a time")
+    if args.other_join + args.other_corun + args.other_awake > 1:
+        parser.error("--other-join, --other-corun and --other-awake fill the same column: one at a time")
     rows, costs, replicas = [], [], []
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
@@ -527,7 +540,7 @@ def main() -> None:
                 pair.setdefault("pred2", float("nan"))
                 pair.setdefault("emul_nocost", float("nan"))
                 pair.setdefault("oracle2", float("nan"))
-                other = (_variant(cfg, graph, root, "other") if args.other_join else
+                other = (_variant(cfg, graph, root, "other") if args.other_join or args.other_awake else
                          _variant(cfg, graph, root, "other-corun") if args.other_corun else None)
                 pair["other"] = float("nan") if other is None else other
                 pair["noise"] = _step_noise(root / "record", cfg.job.world_size, cfg.job.warmup)
@@ -544,7 +557,7 @@ def main() -> None:
                       f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
                       f"waits for a core kept {pair['queued']:.4f} s ({_pct(pair['queued'], real)})  "
                       f"DP replicas reordered {pair['reordered']:.4f} s ({_pct(pair['reordered'], real)})  "
-                      f"the other way ({'co-run assistants' if args.other_corun else 'joining'}) {pair['other']:.4f} s "
+                      f"the other way ({'co-run assistants' if args.other_corun else 'cores awake' if args.other_awake else 'joining'}) {pair['other']:.4f} s "
                       f"({_pct(pair['other'], real)})  "
                       f"emulated without the issue cost {pair['emul_nocost']:.4f} s "
                       f"({_pct(pair['emul_nocost'], pair['emul_real'])})  "
@@ -607,6 +620,10 @@ def main() -> None:
     if args.other_join:
         print(f"other: each pair's prediction with communication from plain slices whose virtual members joined "
               f"{'early' if args.join_late else 'late'} (pair-wise median), taking turns with the rest")
+    if args.other_awake:
+        print(f"other: each pair's prediction with communication from plain slices whose assistant's cores were "
+              f"{'left to idle' if _load(args.config_name, args.steps, args.sandbox).emulation.keep_awake else 'kept awake'}"
+              " (pair-wise median), taking turns with the rest")
     if args.other_corun:
         other = "normal" if _load(args.config_name, args.steps, args.sandbox).emulation.co_run_assistant == "idle" else "idle"
         print(f"other: each pair's prediction with compute from co-runs whose assistants ran in the {other} scheduling "

@@ -22,6 +22,11 @@ launch is placed, and holds them, so that the load never runs beside another lau
 assistant. The launches of a co-run (replay/slices.py `run_together`) are each given their
 ranks' cores (`place_on`), each assistant on its own slice's cores: it then takes no time from
 the other slices' ranks, whose compute spans are what a co-run measures.
+
+A launch placed alone may also ask for its helper's other cores to be kept awake (a spin in the
+idle class, launch/neighbour_load.py `--awake`). Those cores are not held: a launch placed later
+takes its ranks' cores from the others first, and one that must take a spun core stops the spin
+there (`keep_awake`), so that no real rank ever runs beside one.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 ENV_CPUS = "PRISM_CPUS"
@@ -36,6 +42,7 @@ ENV_CPUS = "PRISM_CPUS"
 _lock = threading.Lock()
 _held: set[int] = set()
 _placed = 0          # launches placed and not yet released
+_awake: dict[int, Callable[[], None]] = {}   # core kept awake -> what stops the spin there
 
 
 def machine_cores() -> list[int]:
@@ -50,6 +57,7 @@ class Placement:
     helper: list[int] = field(default_factory=list)
     loads: list[int] = field(default_factory=list)     # helper cores that also get a neighbour load
     placed: bool = True                                 # counted among the launches placed
+    awake: list[int] = field(default_factory=list)     # helper cores to keep awake (not held)
 
     def release(self) -> None:
         global _placed
@@ -58,18 +66,22 @@ class Placement:
                 _placed -= 1
             _held.difference_update(self.ranks.values())
             _held.difference_update(self.loads)
-        self.ranks, self.loads, self.placed = {}, [], False
+            for core in self.awake:
+                _awake.pop(core, None)
+        self.ranks, self.loads, self.awake, self.placed = {}, [], [], False
 
     def describe(self) -> dict:
         return {"ranks": {str(r): c for r, c in sorted(self.ranks.items())}, "assistant": self.helper}
 
 
-def place(ranks: list[int], helper: bool, loads: int = 0, job_cores: bool = False) -> tuple[Placement | None, str]:
+def place(ranks: list[int], helper: bool, loads: int = 0, job_cores: bool = False,
+          awake: bool = False) -> tuple[Placement | None, str]:
     """A core for each of `ranks` (and, with a helper, at least one other core for it), or None
     and why not; with a helper, up to `loads` of its cores held for a neighbour load when no
-    other launch is placed (`Placement.loads`, empty otherwise). `job_cores`: rank r on the r-th
-    core, the one it holds when the whole job is placed (`prism record`), where no other launch
-    is placed and a core is left for the helper (a slice or an emulation on its own)."""
+    other launch is placed (`Placement.loads`, empty otherwise), and with `awake` the rest of its
+    cores to keep awake, also only when no other launch is placed (`Placement.awake`). `job_cores`:
+    rank r on the r-th core, the one it holds when the whole job is placed (`prism record`), where
+    no other launch is placed and a core is left for the helper (a slice or an emulation on its own)."""
     global _placed
     cores = machine_cores()
     if not cores:
@@ -81,15 +93,36 @@ def place(ranks: list[int], helper: bool, loads: int = 0, job_cores: bool = Fals
         if len(free) < len(ranks) or len(cores) < need:
             return None, (f"{len(ranks)} rank(s){' and the assistant' if helper else ''} need {need} cores; "
                           f"{len(free) + (1 if helper else 0)} of the machine's {len(cores)} are free")
-        chosen = free[:len(ranks)]
+        chosen = sorted(free, key=lambda c: c in _awake)[:len(ranks)]   # spun cores last
         if job_cores and _placed == 0 and all(r < len(cores) for r in ranks) and len(cores) > len(ranks):
             chosen = [cores[r] for r in ranks]
+        _take_awake(chosen)
         rest = [c for c in cores if c not in _held and c not in chosen] if helper else []
         loaded = rest[:loads] if _placed == 0 else []
+        spun = [c for c in rest if c not in loaded] if awake and _placed == 0 else []
         _held.update(chosen)
         _held.update(loaded)
         _placed += 1
-    return Placement(dict(zip(ranks, chosen)), rest, loaded), ""
+    return Placement(dict(zip(ranks, chosen)), rest, loaded, awake=spun), ""
+
+
+def _take_awake(cores: list[int]) -> None:
+    """Stop the spins on `cores`, which ranks are about to take (under `_lock`)."""
+    for core in cores:
+        stop = _awake.pop(core, None)
+        if stop is not None:
+            stop()
+
+
+def keep_awake(core: int, stop: Callable[[], None]) -> bool:
+    """Register the spin started on `core` (one of a placement's `awake`), which `stop` ends; a
+    core that a rank took meanwhile stops it at once (False)."""
+    with _lock:
+        if core in _held:
+            stop()
+            return False
+        _awake[core] = stop
+    return True
 
 
 def place_on(ranks: list[int], cores: list[int]) -> tuple[Placement | None, str]:
@@ -105,6 +138,7 @@ def place_on(ranks: list[int], cores: list[int]) -> tuple[Placement | None, str]
         if unknown or taken or len(set(cores)) != len(ranks):
             return None, (f"cores {cores} for ranks {ranks}: " + (f"{unknown} not on this machine" if unknown else
                           f"{taken} held by another launch" if taken else "one core per rank needed"))
+        _take_awake(cores)
         _held.update(cores)
         _placed += 1
     return Placement(dict(zip(ranks, cores)), sorted(cores), []), ""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism_core.launch.cores import ENV_CPUS, Placement, place, place_on
+from prism_core.launch.cores import ENV_CPUS, Placement, keep_awake, place, place_on
 from prism_core.runtime import write_json_atomic
 
 KILL_GRACE_S = 3.0
@@ -64,6 +64,7 @@ class LaunchSpec:
     neighbour_load: bool = False  # bound, with a helper, alone: compute on the helper's cores (launch/neighbour_load.py)
     cores: list[int] | None = None  # one launch of a co-run: its started ranks on these cores, the helper too
     job_cores: bool = False  # bound alone: each started rank on the core it holds in the whole job (`place`)
+    keep_awake: bool = False  # bound, with a helper, alone: a spin keeps the helper's cores awake (neighbour_load.py)
     stop: threading.Event | None = None  # set from outside: the job is killed and `LaunchStopped` raised
 
     @property
@@ -165,13 +166,14 @@ class _Job:
         self.ranks: dict[int, subprocess.Popen] = {}
         self.helper: subprocess.Popen | None = None
         self.loads: list[subprocess.Popen] = []
+        self.spins: list[subprocess.Popen] = []
         self.logs = []
         self.pgid: int | None = None
         self.placement: Placement | None = None
 
     @property
     def procs(self) -> list[subprocess.Popen]:
-        return list(self.ranks.values()) + ([self.helper] if self.helper is not None else []) + self.loads
+        return list(self.ranks.values()) + ([self.helper] if self.helper is not None else []) + self.loads + self.spins
 
     def _spawn(self, cmd: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen:
         log = open(self.spec.run_dir / "logs" / log_name, "wb")
@@ -193,11 +195,15 @@ class _Job:
                 env.pop(key)
             env.update(cpus.get(HELPER, {}))
             self.helper = self._spawn(self.spec.helper, env, f"{HELPER}.log")
+        cmd = [sys.executable, "-m", "prism_core.launch.neighbour_load", "--seconds", str(self.spec.timeout_s),
+               "--parent", str(os.getpid())]
         for core in self._load_cores():
-            cmd = [sys.executable, "-m", "prism_core.launch.neighbour_load", "--seconds", str(self.spec.timeout_s),
-                   "--parent", str(os.getpid())]
             env = {**os.environ, ENV_CPUS: str(core), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             self.loads.append(self._spawn(cmd, env, f"neighbour_load_{core}.log"))
+        for core in self.placement.awake if self.placement is not None else []:
+            spin = self._spawn([*cmd, "--awake"], {**os.environ, ENV_CPUS: str(core)}, f"keep_awake_{core}.log")
+            self.spins.append(spin)
+            keep_awake(core, spin.terminate)    # a rank of a later launch placed there stops it
         for rank in self.spec.started_ranks:
             cmd = [sys.executable, "-m", "prism_core.launch.rank_main", "--program", self.spec.program,
                    "--result-dir", str(self.spec.run_dir), "--", *self.spec.args]
@@ -216,7 +222,7 @@ class _Job:
                 self.placement, why = place_on(self.spec.started_ranks, self.spec.cores)
             else:
                 self.placement, why = place(self.spec.started_ranks, self.spec.helper is not None, max(loads, 0),
-                                            job_cores=self.spec.job_cores)
+                                            job_cores=self.spec.job_cores, awake=self.spec.keep_awake)
             if self.placement is None:
                 doc = {"bound": False, "reason": why}
             else:
@@ -225,6 +231,7 @@ class _Job:
                 if self.placement.helper:
                     env[HELPER] = {ENV_CPUS: ",".join(map(str, self.placement.helper))}
                 doc["neighbour_load"] = self._load_cores()
+                doc["awake"] = list(self.placement.awake)
         write_json_atomic(self.spec.run_dir / "placement.json", doc)
         return env
 

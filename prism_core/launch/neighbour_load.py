@@ -1,4 +1,4 @@
-"""Neighbour load: compute on the cores a slice leaves to its assistant, in the idle class.
+"""What runs on the cores a launch leaves to its assistant, in the idle class: a neighbour load, or a spin.
 
 A slice runs one real rank per core beside the replay assistant, whose virtual ranks compute
 nothing: the rest of the machine idles. In the full job every core runs a rank, and a rank's
@@ -18,7 +18,17 @@ in the normal class too, for a process is gone only once all its threads are. It
 assistant's part of every collective on that core, so a slice takes only its compute spans from
 a run beside it, a run of its own (calibrate/durations.py).
 
-    python -m prism_core.launch.neighbour_load --seconds S --parent PID
+With `--awake` it computes nothing and only yields the core, again and again: the assistant's
+cores of a plain slice are then never idle. This machine's virtual CPUs halt as soon as they
+idle (`haltpoll.guest_halt_poll_ns=0` on the kernel's command line), and a thread woken on a core
+that idled milliseconds answers late: a plain slice's virtual peer, waiting blocked from its
+early arrival while its sandbox rank computed, had ep2's plain slices time a median 12.9 ms a step
+more communication than the record's 38-51 ms (90 steps, eight comparisons); beside the spin,
+4.0 ms more (README, item 23). A thread of the idle class woken on the spun core (the assistant's
+gloo loops) does not preempt the spin: it gets the core at the next yield, about a microsecond
+later; a busy loop without the yields held it for the scheduler's tick (2.5 ms an op).
+
+    python -m prism_core.launch.neighbour_load --seconds S --parent PID [--awake]
 """
 
 from __future__ import annotations
@@ -76,10 +86,16 @@ def leave_idle_class(tid: int) -> bool:
     return True
 
 
-def run(seconds: float, parent: int | None, idle: bool = True, stop: threading.Event | None = None) -> int:
-    """Compute in a thread of the idle class (`idle`) until `seconds` pass, `parent` is no longer
-    this process's parent or `stop` is set, watched from the calling thread; the steps run."""
-    step = Load()
+def _nothing() -> None:
+    pass
+
+
+def run(seconds: float, parent: int | None, idle: bool = True, stop: threading.Event | None = None,
+        awake: bool = False) -> int:
+    """Compute (`awake`: only yield) in a thread of the idle class (`idle`) until `seconds` pass,
+    `parent` is no longer this process's parent or `stop` is set, watched from the calling thread;
+    the steps run."""
+    step = _nothing if awake else Load()
     stop = stop or threading.Event()
     done = 0
 
@@ -98,7 +114,7 @@ def run(seconds: float, parent: int | None, idle: bool = True, stop: threading.E
         return (not stop.is_set() and time.monotonic() < deadline
                 and (parent is None or os.getppid() == parent))
 
-    worker = threading.Thread(target=work, name="neighbour-load", daemon=True)
+    worker = threading.Thread(target=work, name="keep-awake" if awake else "neighbour-load", daemon=True)
     if wanted():
         worker.start()
         while wanted():
@@ -113,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, required=True, help="run at most this long")
     parser.add_argument("--parent", type=int, default=None, help="stop when this process is gone")
+    parser.add_argument("--awake", action="store_true", help="compute nothing: keep the core from idling")
     args = parser.parse_args(argv)
     from prism_core.launch.cores import bind_from_env
 
@@ -123,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     # the launcher stops its job with SIGTERM: leave as at the deadline, not with a thread starved
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    steps = run(args.seconds, args.parent, stop=stop)
-    print(f"neighbour load: {steps} steps", file=sys.stderr, flush=True)
+    steps = run(args.seconds, args.parent, stop=stop, awake=args.awake)
+    print(f"{'keep awake' if args.awake else 'neighbour load'}: {steps} steps", file=sys.stderr, flush=True)
     os._exit(0)   # nothing to save; skip torch's teardown, and a compute thread not yet back from its step
 
 

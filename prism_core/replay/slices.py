@@ -141,7 +141,9 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     member's pacing (replay/pacing.py); `stop`: set to stop the launch (`LaunchStopped`);
     `job_cores`: each sandbox rank on the core it holds in the whole job (`launch/cores.place`);
     `join_late`: a plain slice's virtual members of collectives go on the wire once a sandbox
-    member has issued the op (`replay/assistant.py` `--join-late`).
+    member has issued the op (`replay/assistant.py` `--join-late`). A plain slice placed alone
+    keeps its assistant's cores awake (`emulation.keep_awake`, launch/neighbour_load.py): its
+    virtual peers arrive at once and wait blocked, and on a core that idled their answers came late.
     """
     if join_late and (pacing is not None or timing is not None):
         raise ValueError("join_late is for a plain slice: not with pacing (a co-run) or a timeline")
@@ -181,7 +183,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     spec = LaunchSpec(program=cfg.job.program, world_size=cfg.job.world_size, run_dir=out_dir,
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
                       helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
-                      neighbour_load=neighbour_load, cores=cores, stop=stop, job_cores=job_cores)
+                      neighbour_load=neighbour_load, cores=cores, stop=stop, job_cores=job_cores,
+                      keep_awake=cfg.emulation.keep_awake and timing is None and pacing is None)
     return launch(spec)
 
 

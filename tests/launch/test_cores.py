@@ -7,7 +7,7 @@ import os
 import pytest
 
 from prism_core.launch import cores
-from prism_core.launch.cores import ENV_CPUS, bind_from_env, place, place_on
+from prism_core.launch.cores import ENV_CPUS, bind_from_env, keep_awake, place, place_on
 
 
 @pytest.fixture
@@ -15,6 +15,7 @@ def four_cores(monkeypatch):
     monkeypatch.setattr(cores, "machine_cores", lambda: [0, 1, 2, 3])
     monkeypatch.setattr(cores, "_held", set())
     monkeypatch.setattr(cores, "_placed", 0)
+    monkeypatch.setattr(cores, "_awake", {})
 
 
 def test_ranks_get_distinct_cores_and_concurrent_launches_never_share_one(four_cores):
@@ -69,6 +70,27 @@ def test_load_cores_go_to_a_launch_placed_alone_and_are_held_from_later_ones(fou
     c.release()
     d, _ = place([7], helper=True, loads=1)
     assert d.loads == [1]
+
+
+def test_a_launch_alone_keeps_its_assistant_cores_awake_until_a_rank_needs_one(four_cores):
+    a, _ = place([0], helper=True, loads=1, awake=True)
+    assert a.helper == [1, 2, 3] and a.loads == [1] and a.awake == [2, 3]     # the load's core computes anyway
+    a.release()
+    a, _ = place([0], helper=True, awake=True)
+    assert a.awake == [1, 2, 3]
+    stopped = []
+    assert keep_awake(1, lambda: stopped.append(1))       # spins on cores 1 and 3 (core 2's not yet begun)
+    assert keep_awake(3, lambda: stopped.append(3))
+    b, _ = place([5], helper=True, awake=True)            # a later launch: its rank where nothing spins
+    assert b.ranks == {5: 2} and b.awake == [] and stopped == []
+    c, _ = place([6], helper=True)                        # only a spun core left for a rank: the spin ends
+    assert c.ranks == {6: 1} and stopped == [1]
+    assert not keep_awake(2, lambda: stopped.append(2))   # a spin begun on a core a rank took meanwhile
+    assert stopped == [1, 2]
+    a.release()
+    assert cores._awake == {}
+    d, _ = place_on([7], [3])                             # the spin a released launch left is not stopped twice
+    assert d.ranks == {7: 3} and stopped == [1, 2]
 
 
 def test_co_run_launches_take_the_cores_given_their_assistants_too(four_cores):

@@ -25,6 +25,13 @@ def test_load_runs_steps_until_its_deadline():
     assert steps > 0 and 0.5 <= took < 5.0
 
 
+def test_awake_spin_only_yields_until_its_deadline():
+    t0 = time.monotonic()
+    yields = run(0.3, parent=None, idle=False, awake=True)
+    took = time.monotonic() - t0
+    assert yields > 1000 and 0.3 <= took < 5.0      # a yield takes about a microsecond
+
+
 def test_load_stops_when_its_parent_is_not_the_one_given():
     assert run(60.0, parent=-1) == 0
 
@@ -59,13 +66,15 @@ def _classes(proc: psutil.Process) -> list[int]:
 
 
 @pytest.mark.timeout(120)
-def test_process_is_idle_class_on_its_core_and_leaves_with_its_launcher():
+@pytest.mark.parametrize("mode", ["load", "awake"])
+def test_process_is_idle_class_on_its_core_and_leaves_with_its_launcher(mode):
     core = machine_cores()[-1]
+    awake = ", '--awake'" if mode == "awake" else ""
     # an intermediate launcher starts the load, reports its pid, then exits: the load must follow
     code = (
         "import os, subprocess, sys, time\n"
         "p = subprocess.Popen([sys.executable, '-m', 'prism_core.launch.neighbour_load', '--seconds', '60',"
-        " '--parent', str(os.getpid())])\n"
+        f" '--parent', str(os.getpid()){awake}])\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(float(sys.argv[1]))\n"
     )

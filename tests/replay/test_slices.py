@@ -79,8 +79,12 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) ->
         assert sorted(members) == sorted(str(j.loaded) for j in jobs)
         placement = json.loads((job.loaded / "placement.json").read_text())
         assert placement["bound"] and placement["assistant"] == sorted(placement["ranks"].values())
+        assert placement["awake"] == []                   # the co-run's cores compute: nothing kept awake
         cores += placement["ranks"].values()
-        assert not json.loads((job.directory / "placement.json").read_text()).get("neighbour_load")
+        plain_placement = json.loads((job.directory / "placement.json").read_text())
+        assert not plain_placement.get("neighbour_load")
+        if plain_placement["bound"] and len(machine_cores()) == 2:    # alone (a rank core and the assistant's)
+            assert plain_placement["awake"] == plain_placement["assistant"]
         plain = slice_timings(trace, match, job.directory, job.sandbox)
         loaded = slice_timings(trace, match, job.loaded, job.sandbox)
         for r in job.sandbox:
