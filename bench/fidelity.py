@@ -376,6 +376,7 @@ def _take_turns(graph, runs: list[tuple[list[str], list[tuple[Path, list[int]]]]
     come as far in the graph as the others; bench/turns.py), their stops noted under `logs` and
     taken out of every run directory."""
     progress = None
+    _share_preload([what for what, _ in runs])
     if args.level:
         nodes = {r: len(graph.trace.rank(r)["kind"]) for r in range(graph.trace.world_size)}
         progress = [graph_progress(dirs, nodes) for _, dirs in runs]
@@ -387,6 +388,21 @@ def _take_turns(graph, runs: list[tuple[list[str], list[tuple[Path, list[int]]]]
     for (_, run_dirs), s in zip(runs, stops):
         for run_dir, _ in run_dirs:
             unstop_run(run_dir, s)
+
+
+def _share_preload(launches: list[list[str]]) -> None:
+    """More assistants at once than cores: each may preload a share of half the memory available
+    (replay/virtual_ops.py `PRISM_PRELOAD_BYTES`; past it they stream their inputs), so that the
+    turns' launches fit in memory together."""
+    from prism_core.replay.virtual_ops import ENV_PRELOAD
+
+    assistants = sum((len(w) - 2) // 2 if w[0].startswith("co-run") else 0 if w[0] == "record" else 1
+                     for w in launches)
+    os.environ.pop(ENV_PRELOAD, None)
+    if assistants > (os.cpu_count() or 1):
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        os.environ[ENV_PRELOAD] = str(max(free // (2 * assistants), 1 << 30))
 
 
 def _note_stops(path: Path, run_dirs: list[list[str]], stops) -> None:

@@ -43,15 +43,24 @@ class OpSpec:
     row_bytes: int = 0
 
 
+ENV_PRELOAD = "PRISM_PRELOAD_BYTES"
+
+
 def _preload_bound() -> int:
-    """Cached inputs held in memory at once, at most: a quarter of the memory available when the
-    assistant starts (a co-run's two assistants each take theirs), within 1-32 GiB."""
+    """Cached inputs held in memory at once, at most: `PRISM_PRELOAD_BYTES` where set, else half
+    the memory available when the assistant starts shared among the machine's cores, within
+    1-32 GiB. Assistants that run at once each take theirs, and there are at most about as many
+    as cores (a co-run's members, Dask's slices), so together they stay within half of it. More at
+    once than cores (bench/fidelity.py's turns: six here) set the variable: six that took a
+    quarter each, 2.9 GB apiece for ep2 at 90 steps, had the kernel kill the bench for memory."""
+    if os.environ.get(ENV_PRELOAD):
+        return int(os.environ[ENV_PRELOAD])
     try:
         with open("/proc/meminfo") as f:
             free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
         free = 8 << 30
-    return int(min(max(free // 4, 1 << 30), 32 << 30))
+    return int(min(max(free // (2 * (os.cpu_count() or 1)), 1 << 30), 32 << 30))
 
 
 PRELOAD_BYTES = _preload_bound()

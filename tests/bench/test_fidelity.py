@@ -1,15 +1,18 @@
-"""bench/fidelity.py: the step noise of a run's figure."""
+"""bench/fidelity.py: the step noise of a run's figure; the turns' launches sharing the preload."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from fidelity import _step_noise  # noqa: E402
+from fidelity import _share_preload, _step_noise  # noqa: E402
+
+from prism_core.replay.virtual_ops import ENV_PRELOAD  # noqa: E402
 
 
 def _run(tmp: Path, steps: list[list[float]]) -> Path:
@@ -34,3 +37,20 @@ def test_step_noise_is_the_figures_spread_and_shrinks_with_more_steps(tmp_path: 
     assert 0.015 < a < 0.045
     assert 0.005 < b < 0.015
     assert b < a / 2
+
+
+def test_more_assistants_at_once_than_cores_share_half_the_memory(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setenv(ENV_PRELOAD, "1")      # the variable as it was is put back after the test
+    monkeypatch.delenv(ENV_PRELOAD)
+    slices = [["slice", "OUT", "GRAPH", "0", "0"], ["slice", "OUT", "GRAPH", "1", "0"]]
+    _share_preload([["record", "OUT"], *slices])                       # two assistants on two cores
+    assert ENV_PRELOAD not in os.environ
+    co_run = ["co-run", "GRAPH", "A", "0", "B", "1"]
+    _share_preload([["record", "OUT"], *slices, co_run])                # four: each takes an eighth
+    share = int(os.environ[ENV_PRELOAD])
+    with open("/proc/meminfo") as f:
+        free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    assert share >= 1 << 30 and (share == 1 << 30 or abs(share - free / 8) < 0.1 * free / 8)
+    _share_preload([["record", "OUT"]])                                 # fits again: the variable goes
+    assert ENV_PRELOAD not in os.environ

@@ -94,3 +94,10 @@ def test_closing_mid_stream_stops_the_thread(tmp_path: Path, monkeypatch):
     assert inputs.streamed and inputs._thread.is_alive()     # waiting for the replay to move on
     inputs.close()
     assert not inputs._thread.is_alive()
+
+
+def test_preload_bound_is_a_share_of_memory_or_what_the_variable_says(monkeypatch):
+    monkeypatch.delenv(virtual_ops.ENV_PRELOAD, raising=False)
+    assert 1 << 30 <= virtual_ops._preload_bound() <= 32 << 30
+    monkeypatch.setenv(virtual_ops.ENV_PRELOAD, str(3 << 29))
+    assert virtual_ops._preload_bound() == 3 << 29
