@@ -394,15 +394,13 @@ def _share_preload(launches: list[list[str]]) -> None:
     """More assistants at once than cores: each may preload a share of half the memory available
     (replay/virtual_ops.py `PRISM_PRELOAD_BYTES`; past it they stream their inputs), so that the
     turns' launches fit in memory together."""
-    from prism_core.replay.virtual_ops import ENV_PRELOAD
+    from prism_core.replay.virtual_ops import ENV_PRELOAD, memory_available
 
     assistants = sum((len(w) - 2) // 2 if w[0].startswith("co-run") else 0 if w[0] == "record" else 1
                      for w in launches)
     os.environ.pop(ENV_PRELOAD, None)
     if assistants > (os.cpu_count() or 1):
-        with open("/proc/meminfo") as f:
-            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-        os.environ[ENV_PRELOAD] = str(max(free // (2 * assistants), 1 << 30))
+        os.environ[ENV_PRELOAD] = str(max(memory_available() // (2 * assistants), 1 << 30))
 
 
 def _note_stops(path: Path, run_dirs: list[list[str]], stops) -> None:

@@ -55,12 +55,16 @@ def _preload_bound() -> int:
     quarter each, 2.9 GB apiece for ep2 at 90 steps, had the kernel kill the bench for memory."""
     if os.environ.get(ENV_PRELOAD):
         return int(os.environ[ENV_PRELOAD])
+    return int(min(max(memory_available() // (2 * (os.cpu_count() or 1)), 1 << 30), 32 << 30))
+
+
+def memory_available() -> int:
+    """The machine's available memory in bytes (`MemAvailable`; 8 GiB where it cannot be read)."""
     try:
         with open("/proc/meminfo") as f:
-            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
-        free = 8 << 30
-    return int(min(max(free // (2 * (os.cpu_count() or 1)), 1 << 30), 32 << 30))
+        return 8 << 30
 
 
 PRELOAD_BYTES = _preload_bound()
