@@ -42,7 +42,7 @@ HOLD_SPIN_S = 100e-6     # the end of a hold is spun, as a sleep overshoots by a
 
 
 def _hold_until(when: float) -> None:
-    """Wait until `when` (perf_counter), at most the lead: asleep but for the last HOLD_SPIN_S, so
+    """Wait until `when` (perf_counter): asleep but for the last HOLD_SPIN_S, so
     that an assistant sharing cores with ranks (an unbound launch) takes little from them."""
     left = when - time.perf_counter()
     if left > HOLD_SPIN_S:
@@ -254,6 +254,9 @@ class Assistant:
         self.lead = 0.0
         self._targets: dict[int, float] = {}     # rank -> the clock it was woken for, its gloo op pending
         self._due: dict[int, float] = {}         # node -> the clock its gloo op goes on the wire at (timed)
+        # the most a ready op is held: its rank woke at most the lead early, and its due adds the
+        # issue cost its real rank took (several ms on a loaded slice), so every due is within this
+        self._max_hold = MAX_LEAD_S + (float(model.issue_cost.max()) if model is not None and len(model.issue_cost) else 0.0)
         self.holds = _Holds()
         self._woken: dict[int, float] = {}       # rank -> the clock its timer woke it for
         self._ranks = None        # rank of every node, when first needed
@@ -647,7 +650,7 @@ class Assistant:
         due = self._due.pop(i, None)
         if due is not None:                       # timed: never on the wire before its clock
             ready = time.perf_counter()
-            _hold_until(min(due, ready + MAX_LEAD_S))
+            _hold_until(min(due, ready + self._max_hold))
         handed = time.perf_counter()               # the moment gloo gets the op, tensors in hand
         cost = float(self.model.issue_cost[i]) if due is not None else 0.0
         self.arrivals[i] = handed - cost          # a timed member arrived its issue cost before (its due holds it)
