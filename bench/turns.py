@@ -73,6 +73,41 @@ def _signal_groups(groups: list[int], sig: int) -> None:
             pass
 
 
+def _session(sid: int) -> list[int]:
+    """The live processes of the session `sid` (a launch is its session's leader; its ranks are
+    in process groups of their own but stay in its session, and so do their children)."""
+    members = []
+    for pid in psutil.pids():
+        try:
+            if pid != sid and os.getsid(pid) == sid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                members.append(pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _kill_session(p: subprocess.Popen, groups: set[int], timeout_s: float = 10.0) -> None:
+    """Kill every process of launch `p`: its groups as last read, and then whatever is left in its
+    session, until none is (a rank forked just as the groups were read moves to a group of its
+    own after it, and would outlive a kill of the groups alone)."""
+    groups |= set(_groups(p.pid))
+    _signal_groups(sorted(groups), signal.SIGCONT)
+    _signal_groups(sorted(groups), signal.SIGKILL)
+    try:
+        p.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + timeout_s
+    while (left := _session(p.pid)) and time.monotonic() < deadline:
+        for pid in left:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.01)
+
+
 def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: list[Path],
                keep_cadence: bool = True, progress: list[Callable[[], float]] | None = None) -> list[Stops]:
     """Run `cmds` (each in a session of its own, output to its log) taking turns of `turn_s`
@@ -146,14 +181,8 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
                 _signal_groups(waking, signal.SIGCONT)
     finally:
         for p, groups in zip(procs, known):
-            if p.poll() is None or any(_group_alive(g) for g in groups - {p.pid}):
-                groups |= set(_groups(p.pid))
-                _signal_groups(sorted(groups), signal.SIGCONT)
-                _signal_groups(sorted(groups), signal.SIGKILL)
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
+            if p.poll() is None or any(_group_alive(g) for g in groups - {p.pid}) or _session(p.pid):
+                _kill_session(p, groups)
 
 
 def _catch_up(cur: int, procs: list[subprocess.Popen], progress: list[Callable[[], float]], until: float) -> None:

@@ -69,6 +69,26 @@ def test_a_failing_launch_stops_every_launch(tmp_path):
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
 
 
+# a launch that starts a child in a process group of its own and fails at once: the child is
+# orphaned before any turn can read the launch's groups
+ORPHANING = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", sys.argv[1]], process_group=0)
+time.sleep(0.05)
+sys.exit(3)
+"""
+
+
+def test_a_launch_whose_rank_outlives_it_leaves_no_process(tmp_path):
+    script = tmp_path / "orphaning.py"
+    script.write_text(ORPHANING)
+    marker = f"orphan-{tmp_path}"
+    with pytest.raises(TurnsError, match="exited with status 3"):
+        take_turns([[sys.executable, str(script), marker], [sys.executable, "-c", "import time; time.sleep(5)"]],
+                   0.5, 60, [tmp_path / "a.log", tmp_path / "b.log"])
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
 def test_stopped_time_comes_out_of_times_and_steps(tmp_path):
     stops = [(1.0, 3.0), (5.0, 6.0)]
     assert stop_free(np.array([0.5, 3.5, 7.0]), stops).tolist() == [0.5, 1.5, 4.0]
