@@ -108,11 +108,10 @@ class EmulationConfig(_Strict):
         "idle", description="the scheduling class of a co-run member's assistant, which shares its sandbox ranks' "
                             "cores: idle, it runs only while they wait, so that their compute spans hold none of "
                             "its work (replay/slices.py run_with_assistant); normal, it takes the core as any thread")
-    keep_awake: bool = Field(True, description="a slice or emulation placed alone (not a co-run) keeps its "
-                                               "assistant's cores from idling (a spin in the idle class, "
-                                               "launch/neighbour_load.py): in the full job the other ranks' cores "
-                                               "compute, and a core that idled milliseconds wakes late on a machine "
-                                               "whose idle cores halt")
+    keep_awake: bool = Field(True, description="a plain slice placed alone keeps its assistant's cores from idling "
+                                               "(a spin in the idle class, launch/neighbour_load.py): in the full job "
+                                               "the other ranks' cores compute, and a core that idled milliseconds "
+                                               "wakes late on a machine whose idle cores halt")
     neighbours: Literal["co_run", "stand_in"] = Field(
         "co_run", description="what computes beside a slice's loaded run: co_run, other slices of the job run "
                               "at once on the other cores (replay/slices.py); stand_in, a small MLP load on the "

@@ -55,7 +55,7 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
         key = slice_key(graph_key, cfg, s)
         loaded = root / f"loaded_{i}_{key}_{_load_kind(cfg)}" if load else None
         replicas = [[copies[r][j] for r in s] for j in range(1, orders) if all(len(copies[r]) > j for r in s)]
-        awake = "_awake" if cfg.emulation.keep_awake else ""   # a changed setting runs them afresh
+        awake = "_awake" if timing is None and cfg.emulation.keep_awake else ""   # a changed setting runs them afresh
         jobs.append(SliceJob(i, s, base / f"slice_{i}_{key}{awake}", loaded, replicas))
     return plan, jobs
 

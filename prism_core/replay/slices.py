@@ -141,11 +141,9 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     member's pacing (replay/pacing.py); `stop`: set to stop the launch (`LaunchStopped`);
     `job_cores`: each sandbox rank on the core it holds in the whole job (`launch/cores.place`);
     `join_late`: a plain slice's virtual members of collectives go on the wire once a sandbox
-    member has issued the op (`replay/assistant.py` `--join-late`). A launch placed alone that is
-    not a co-run member (a plain slice, a second pass's slice, an emulation) keeps its assistant's
-    cores awake (`emulation.keep_awake`, launch/neighbour_load.py): a virtual peer waits blocked
-    (a plain slice's arrives at once; a timed one sleeps through its compute), and on a core that
-    idled its answers came late. A co-run's assistant shares its ranks' cores, which compute.
+    member has issued the op (`replay/assistant.py` `--join-late`). A plain slice placed alone
+    keeps its assistant's cores awake (`emulation.keep_awake`, launch/neighbour_load.py): its
+    virtual peers arrive at once and wait blocked, and on a core that idled their answers came late.
     """
     if join_late and (pacing is not None or timing is not None):
         raise ValueError("join_late is for a plain slice: not with pacing (a co-run) or a timeline")
@@ -186,7 +184,7 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
                       helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
                       neighbour_load=neighbour_load, cores=cores, stop=stop, job_cores=job_cores,
-                      keep_awake=cfg.emulation.keep_awake and pacing is None)
+                      keep_awake=cfg.emulation.keep_awake and timing is None and pacing is None)
     return launch(spec)
 
 
