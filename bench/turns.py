@@ -31,7 +31,6 @@ from typing import Callable
 import numpy as np
 import psutil
 
-from prism_core.launch.launcher import _group_alive
 from prism_core.replay.stopped import ENV_STOPPED_FILE, StoppedWriter
 from prism_core.trace.flight import read_issued
 
@@ -181,7 +180,7 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
                 _signal_groups(waking, signal.SIGCONT)
     finally:
         for p, groups in zip(procs, known):
-            if p.poll() is None or any(_group_alive(g) for g in groups - {p.pid}) or _session(p.pid):
+            if p.poll() is None or _session(p.pid):     # its groups all lie in its session
                 _kill_session(p, groups)
 
 
