@@ -112,6 +112,10 @@ class EmulationConfig(_Strict):
                                                "(a spin in the idle class, launch/neighbour_load.py): in the full job "
                                                "the other ranks' cores compute, and a core that idled milliseconds "
                                                "wakes late on a machine whose idle cores halt")
+    awake_while_computing: bool = Field(True, description="a timed run placed alone (an emulation, a second timing "
+                                                          "pass) keeps its assistant's cores awake while its virtual "
+                                                          "ranks compute and lets them idle while they wait for the "
+                                                          "wire, as a real rank's core (replay/awake.py)")
     neighbours: Literal["co_run", "stand_in"] = Field(
         "co_run", description="what computes beside a slice's loaded run: co_run, other slices of the job run "
                               "at once on the other cores (replay/slices.py); stand_in, a small MLP load on the "

@@ -20,7 +20,7 @@ from prism_core.calibrate.predict import predict, prediction_metrics
 from prism_core.config import PrismConfig
 from prism_core.launch.cores import machine_cores
 from prism_core.metrics import write_metrics
-from prism_core.replay.slices import TimingPlan, plan_slices, run_slice, run_together, slice_key
+from prism_core.replay.slices import TimingPlan, awake_setting, plan_slices, run_slice, run_together, slice_key
 from prism_core.topology import Topology
 from prism_core.trace import Trace
 
@@ -55,7 +55,7 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
         key = slice_key(graph_key, cfg, s)
         loaded = root / f"loaded_{i}_{key}_{_load_kind(cfg)}" if load else None
         replicas = [[copies[r][j] for r in s] for j in range(1, orders) if all(len(copies[r]) > j for r in s)]
-        awake = "_awake" if timing is None and cfg.emulation.keep_awake else ""   # a changed setting runs them afresh
+        awake = "_awake" if awake_setting(cfg, timing is not None) else ""   # a changed setting runs them afresh
         jobs.append(SliceJob(i, s, base / f"slice_{i}_{key}{awake}", loaded, replicas))
     return plan, jobs
 

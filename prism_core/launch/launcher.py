@@ -65,6 +65,7 @@ class LaunchSpec:
     cores: list[int] | None = None  # one launch of a co-run: its started ranks on these cores, the helper too
     job_cores: bool = False  # bound alone: each started rank on the core it holds in the whole job (`place`)
     keep_awake: bool = False  # bound, with a helper, alone: a spin keeps the helper's cores awake (neighbour_load.py)
+    awake_by_helper: bool = False  # with keep_awake: the helper turns the spins on and off (replay/awake.py)
     stop: threading.Event | None = None  # set from outside: the job is killed and `LaunchStopped` raised
 
     @property
@@ -175,11 +176,12 @@ class _Job:
     def procs(self) -> list[subprocess.Popen]:
         return list(self.ranks.values()) + ([self.helper] if self.helper is not None else []) + self.loads + self.spins
 
-    def _spawn(self, cmd: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen:
+    def _spawn(self, cmd: list[str], env: dict[str, str], log_name: str,
+               pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
         log = open(self.spec.run_dir / "logs" / log_name, "wb")
         self.logs.append(log)
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                process_group=0 if self.pgid is None else self.pgid)
+                                process_group=0 if self.pgid is None else self.pgid, pass_fds=pass_fds)
         if self.pgid is None:
             self.pgid = proc.pid
         return proc
@@ -189,19 +191,34 @@ class _Job:
             _LIVE.add(self)
         (self.spec.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         cpus = self._place()
+        awake = self.placement.awake if self.placement is not None else []
+        # the helper says when the spins run: a pipe to each, its write end the helper's alone
+        pipes = {core: os.pipe() for core in awake} if self.spec.awake_by_helper and self.spec.helper else {}
+        try:
+            self._start_processes(port, cpus, awake, pipes)
+        finally:
+            for read, write in pipes.values():
+                os.close(read)
+                os.close(write)
+
+    def _start_processes(self, port: int, cpus: dict, awake: list[int], pipes: dict[int, tuple[int, int]]) -> None:
         if self.spec.helper is not None:
             env = _rank_env(self.spec, -1, port)
             for key in ("RANK", "LOCAL_RANK", "ROLE_RANK"):
                 env.pop(key)
             env.update(cpus.get(HELPER, {}))
-            self.helper = self._spawn(self.spec.helper, env, f"{HELPER}.log")
+            writes = tuple(write for _, write in pipes.values())
+            helper = [*self.spec.helper, "--awake-fds", ",".join(map(str, writes))] if writes else self.spec.helper
+            self.helper = self._spawn(helper, env, f"{HELPER}.log", pass_fds=writes)
         cmd = [sys.executable, "-m", "prism_core.launch.neighbour_load", "--seconds", str(self.spec.timeout_s),
                "--parent", str(os.getpid())]
         for core in self._load_cores():
             env = {**os.environ, ENV_CPUS: str(core), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             self.loads.append(self._spawn(cmd, env, f"neighbour_load_{core}.log"))
-        for core in self.placement.awake if self.placement is not None else []:
-            spin = self._spawn([*cmd, "--awake"], {**os.environ, ENV_CPUS: str(core)}, f"keep_awake_{core}.log")
+        for core in awake:
+            control = ["--control", str(pipes[core][0])] if core in pipes else []
+            spin = self._spawn([*cmd, "--awake", *control], {**os.environ, ENV_CPUS: str(core)},
+                               f"keep_awake_{core}.log", pass_fds=(pipes[core][0],) if core in pipes else ())
             self.spins.append(spin)
             keep_awake(core, spin.terminate)    # a rank of a later launch placed there stops it
         for rank in self.spec.started_ranks:
@@ -232,6 +249,7 @@ class _Job:
                     env[HELPER] = {ENV_CPUS: ",".join(map(str, self.placement.helper))}
                 doc["neighbour_load"] = self._load_cores()
                 doc["awake"] = list(self.placement.awake)
+                doc["awake_by_helper"] = bool(self.placement.awake) and self.spec.awake_by_helper
         write_json_atomic(self.spec.run_dir / "placement.json", doc)
         return env
 

@@ -28,13 +28,19 @@ more communication than the record's 38-51 ms (90 steps, eight comparisons); bes
 gloo loops) does not preempt the spin: it gets the core at the next yield, about a microsecond
 later; a busy loop without the yields held it for the scheduler's tick (2.5 ms an op).
 
-    python -m prism_core.launch.neighbour_load --seconds S --parent PID [--awake]
+With `--awake --control FD` the spin runs only while the assistant says so on the pipe FD (b"1"
+on, b"0" off; its end closed: leave), and blocks on the pipe otherwise, so the core halts: a timed
+assistant keeps its cores awake while its virtual ranks compute and lets them idle while they
+wait for the wire, as a real rank's core does (replay/awake.py).
+
+    python -m prism_core.launch.neighbour_load --seconds S --parent PID [--awake [--control FD]]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
 import sys
 import threading
@@ -90,11 +96,34 @@ def _nothing() -> None:
     pass
 
 
+class Control:
+    """The read end of an assistant's pipe that turns a spin on (b"1") and off (b"0")."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.on = False
+        self.closed = False
+        os.set_blocking(fd, False)
+
+    def update(self, wait_s: float) -> None:
+        """Take what the pipe says; while off, wait for it up to `wait_s` (blocked: the core may idle)."""
+        if not self.on and not select.select([self.fd], [], [], wait_s)[0]:
+            return
+        try:
+            data = os.read(self.fd, 4096)
+        except BlockingIOError:
+            return
+        if not data:                     # the assistant is gone
+            self.closed, self.on = True, False
+        else:
+            self.on = data[-1:] == b"1"
+
+
 def run(seconds: float, parent: int | None, idle: bool = True, stop: threading.Event | None = None,
-        awake: bool = False) -> int:
+        awake: bool = False, control: Control | None = None) -> int:
     """Compute (`awake`: only yield) in a thread of the idle class (`idle`) until `seconds` pass,
     `parent` is no longer this process's parent or `stop` is set, watched from the calling thread;
-    the steps run."""
+    the steps run. `control`: step only while it is on, blocked on it otherwise; leave once it closes."""
     step = _nothing if awake else Load()
     stop = stop or threading.Event()
     done = 0
@@ -104,6 +133,13 @@ def run(seconds: float, parent: int | None, idle: bool = True, stop: threading.E
         if idle:
             set_idle_class()
         while not stop.is_set():
+            if control is not None:
+                control.update(CHECK_EVERY_S)
+                if control.closed:
+                    stop.set()
+                    return
+                if not control.on:
+                    continue
             step()
             done += 1
             os.sched_yield()
@@ -130,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, required=True, help="run at most this long")
     parser.add_argument("--parent", type=int, default=None, help="stop when this process is gone")
     parser.add_argument("--awake", action="store_true", help="compute nothing: keep the core from idling")
+    parser.add_argument("--control", type=int, default=None, metavar="FD",
+                        help="with --awake: spin only while the pipe FD last said b'1'; leave when it closes")
     args = parser.parse_args(argv)
     from prism_core.launch.cores import bind_from_env
 
@@ -140,7 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     # the launcher stops its job with SIGTERM: leave as at the deadline, not with a thread starved
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    steps = run(args.seconds, args.parent, stop=stop, awake=args.awake)
+    if args.control is not None and not args.awake:
+        parser.error("--control goes with --awake")
+    control = Control(args.control) if args.control is not None else None
+    steps = run(args.seconds, args.parent, stop=stop, awake=args.awake, control=control)
     print(f"{'keep awake' if args.awake else 'neighbour load'}: {steps} steps", file=sys.stderr, flush=True)
     os._exit(0)   # nothing to save; skip torch's teardown, and a compute thread not yet back from its step
 

@@ -218,7 +218,8 @@ def _nth_of_rank_set(trace) -> list[int]:
 
 class Assistant:
     def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float, model=None,
-                 source: np.ndarray | None = None, pacer=None, late_join=None):
+                 source: np.ndarray | None = None, pacer=None, late_join=None, spin=None):
+        from prism_core.replay.awake import CoreSpin
         from prism_core.replay.virtual_ops import Inputs
         from prism_core.trace.matching import match_ops
 
@@ -265,6 +266,7 @@ class Assistant:
         self.late_join = late_join    # plain slice: a collective goes on the wire once a sandbox member issued it
         self.stopped = None       # timed mode, launch stopped from outside: its stopped time (stopped.py)
         self._slipped = self._stop_base = 0.0    # stopped seconds seen in all, and when the replay began
+        self.spin = spin if spin is not None else CoreSpin([])   # timed: its cores awake while virtual ranks compute
 
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
@@ -421,6 +423,7 @@ class Assistant:
             if ready:
                 continue
             wait = 1.0 if not self.timers else self.timers[0][0] - now
+            self.spin.set_computing(bool(self.timers))
             try:
                 h = self.events.get(timeout=max(0.0, min(wait, deadline - time.monotonic())))
             except queue.Empty:
@@ -650,7 +653,8 @@ class Assistant:
         due = self._due.pop(i, None)
         if due is not None:                       # timed: never on the wire before its clock
             ready = time.perf_counter()
-            _hold_until(min(due, ready + self._max_hold))
+            with self.spin.hold():
+                _hold_until(min(due, ready + self._max_hold))
         handed = time.perf_counter()               # the moment gloo gets the op, tensors in hand
         cost = float(self.model.issue_cost[i]) if due is not None else 0.0
         self.arrivals[i] = handed - cost          # a timed member arrived its issue cost before (its due holds it)
@@ -1003,6 +1007,7 @@ class Assistant:
             self.events.put(err)
 
     def close(self) -> None:
+        self.spin.close()
         for pacer in (self.pacer, self.late_join):
             if pacer is not None:
                 pacer.close()
@@ -1025,7 +1030,7 @@ def load_timing(path: Path) -> ReplayTiming:
 
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
-                  join_late: bool = False) -> None:
+                  join_late: bool = False, awake_fds: list[int] | None = None) -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1033,7 +1038,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     co-run, virtual rank -> the flight record of the member running it for real, which it keeps
     to (nudged on the abstract socket `pace_socket`; replay/pacing.py). `join_late`: a plain
     slice whose virtual members of collectives go on the wire once a sandbox member has issued the
-    op (the sandbox ranks nudge `pace_socket`).
+    op (the sandbox ranks nudge `pace_socket`). `awake_fds`: timed, the pipes to the spins on this
+    assistant's cores, which run while its virtual ranks compute (replay/awake.py).
     """
     import torch
     import torch.distributed as dist
@@ -1060,7 +1066,10 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
             pacer = Pacer(pace, pace_socket)
         else:       # the same wait, on the sandbox ranks' own flight records
             late_join = Pacer({r: Path(result_dir) / "flight" / f"{r}.bin" for r in sandbox}, pace_socket)
-    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join)
+    from prism_core.replay.awake import CoreSpin
+
+    spin = CoreSpin((awake_fds or []) if model is not None else [])
+    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join, spin)
     if model is not None:
         from prism_core.replay.stopped import StoppedTime
 
@@ -1079,6 +1088,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "timer_lead_s": assistant.lead,
         "timed_gloo_ops": assistant.holds.ops, "held_ops": assistant.holds.held, "held_s": assistant.holds.held_s,
         "timed_issue_cost_s": assistant.holds.cost_s,
+        "spun_cores": spin.cores, "spin_switches": spin.switches,
         "max_ahead_of_clock_s": assistant.holds.most_ahead_s if assistant.holds.ops else None,
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
@@ -1117,6 +1127,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle", action="store_true",
                         help="co-run member: the whole assistant in the idle scheduling class, so that it runs "
                              "only while the sandbox ranks on its cores wait")
+    parser.add_argument("--awake-fds", default="", metavar="FD[,FD]",
+                        help="timed: pipes to the spins on this assistant's cores (launch/neighbour_load.py "
+                             "--control); they run while its virtual ranks compute")
     ns = parser.parse_args(argv)
     if (ns.pace or ns.join_late) and not ns.pace_socket:
         parser.error("--pace and --join-late need --pace-socket")
@@ -1130,7 +1143,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ[ENV_LAZY_GLOO] = "1"
     try:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
-                      ns.timing, pace, ns.pace_socket, ns.join_late)
+                      ns.timing, pace, ns.pace_socket, ns.join_late,
+                      [int(fd) for fd in ns.awake_fds.split(",") if fd])
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

@@ -127,6 +127,12 @@ def run_slice(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Pa
     return SliceOutput(out_dir, sorted(sandbox), False)
 
 
+def awake_setting(cfg: PrismConfig, timed: bool) -> bool:
+    """Whether a run placed alone keeps its assistant's cores awake: a plain slice's all along
+    (`emulation.keep_awake`), a timed run's while its virtual ranks compute (`awake_while_computing`)."""
+    return cfg.emulation.awake_while_computing if timed else cfg.emulation.keep_awake
+
+
 def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], out_dir: Path,
                        timing: Path | None = None, progress=None, neighbour_load: bool = False,
                        cores: list[int] | None = None, pacing: Pacing | None = None,
@@ -144,6 +150,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     member has issued the op (`replay/assistant.py` `--join-late`). A plain slice placed alone
     keeps its assistant's cores awake (`emulation.keep_awake`, launch/neighbour_load.py): its
     virtual peers arrive at once and wait blocked, and on a core that idled their answers came late.
+    A timed run placed alone keeps them awake while its virtual ranks compute only
+    (`emulation.awake_while_computing`, replay/awake.py).
     """
     if join_late and (pacing is not None or timing is not None):
         raise ValueError("join_late is for a plain slice: not with pacing (a co-run) or a timeline")
@@ -184,7 +192,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
                       timeout_s=cfg.job.timeout_s, args=list(cfg.job.args), env=env, ranks=sorted(sandbox),
                       helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
                       neighbour_load=neighbour_load, cores=cores, stop=stop, job_cores=job_cores,
-                      keep_awake=cfg.emulation.keep_awake and timing is None and pacing is None)
+                      keep_awake=awake_setting(cfg, timing is not None) and pacing is None,
+                      awake_by_helper=timing is not None)
     return launch(spec)
 
 

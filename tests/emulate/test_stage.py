@@ -82,6 +82,9 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
         assert placement["assistant"] and not set(placement["assistant"]) & set(placement["ranks"].values())
         # rank 1 on the core it holds in `prism record` (the job fits the machine), not the first free one
         assert placement["ranks"] == {"1": machine_cores()[1]}
+    if placement["bound"] and len(machine_cores()) == 2:   # placed alone: the assistant's core spun while it computes
+        assert placement["awake"] == placement["assistant"] and placement["awake_by_helper"]
+        assert replay["spun_cores"] == 1 and replay["spin_switches"] >= 2
     assert entry["peak_memory_bytes"] == real["ranks"]["1"]["peak_memory_bytes"]
     assert_no_rank_processes()
 

@@ -85,6 +85,7 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) ->
         assert not plain_placement.get("neighbour_load")
         if plain_placement["bound"] and len(machine_cores()) == 2:    # alone (a rank core and the assistant's)
             assert plain_placement["awake"] == plain_placement["assistant"]
+            assert not plain_placement["awake_by_helper"]     # structure only: spun all along
         plain = slice_timings(trace, match, job.directory, job.sandbox)
         loaded = slice_timings(trace, match, job.loaded, job.sandbox)
         for r in job.sandbox:
