@@ -397,6 +397,26 @@ def _take_turns(graph, runs: list[tuple[list[str], list[tuple[Path, list[int]]]]
     for (_, run_dirs), s in zip(runs, stops):
         for run_dir, _ in run_dirs:
             unstop_run(run_dir, s)
+    streamed = [d for _, run_dirs in runs for d, _ in run_dirs if _timed_and_streamed(d)]
+    if streamed:
+        from prism_core.replay.virtual_ops import ENV_PRELOAD
+
+        STREAMED.extend(streamed)
+        print(f"warning: {len(streamed)} timed assistant(s) of these turns streamed their cached inputs "
+              f"({ENV_PRELOAD}={os.environ.get(ENV_PRELOAD, 'unset')} each): the reads share the "
+              "assistant's core and its virtual ranks lag their calibrated time; their figures (emulated, 2nd "
+              f"pass) do not hold: {', '.join(d.name for d in streamed)}", flush=True)
+
+
+STREAMED: list[Path] = []          # timed runs whose assistant streamed its inputs, for the summary
+
+
+def _timed_and_streamed(run_dir: Path) -> bool:
+    stats = Path(run_dir) / "replay" / "stats.json"
+    if not stats.is_file():
+        return False
+    doc = json.loads(stats.read_text())
+    return bool(doc.get("timed") and doc.get("inputs_streamed"))
 
 
 def _share_preload(launches: list[list[str]]) -> None:
@@ -645,6 +665,9 @@ def main() -> None:
               f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% "
               f"{100 * spread:10.2f}% {100 * hv:6.2f}% {100 * oj:+9.2f}% {100 * p2:+8.2f}% {100 * oc2:+15.2f}% "
               f"{100 * pc:+12.2f}% {100 * lc:+13.2f}% {100 * sn:9.2f}%")
+    if STREAMED:
+        print(f"warning: {len(STREAMED)} timed run(s) streamed their inputs (see the warnings above): the emulated "
+              "and 2nd-pass figures of their pairs do not hold")
     print("emulated: against the real run of its own (with --turns a second record, taking turns with the emulations)")
     print("self-check: the calibration fed the real run's own node times (every rank real in one slice)")
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' and of the "

@@ -78,6 +78,10 @@ def _emulate(cfg: PrismConfig, args) -> str:
         if placement and not placement.get("bound"):
             text += (f"\nnote: the ranks of interest and the replay assistant did not get cores of their own "
                      f"({placement.get('reason')}): the emulated times include their contention")
+        if e.get("inputs_streamed"):
+            text += ("\nnote: the replay assistant streamed its cached inputs (more than its share of memory, "
+                     "PRISM_PRELOAD_BYTES): the reads share its cores, and its virtual ranks can lag their "
+                     "calibrated time")
     if report:
         text += f"\nreport: {out / REPORT}"
     if "version" in document:

@@ -19,7 +19,8 @@ from prism_core.launch import LaunchError
 from prism_core.metrics import metrics_document, oom_document, rank_metrics, result_peak, write_metrics
 from prism_core.replay.slices import run_with_assistant
 
-STATS = ("virtual_ranks", "groups_in_job", "groups_instantiated", "gloo_groups", "nodes", "wall_s", "cpu_s")
+STATS = ("virtual_ranks", "groups_in_job", "groups_instantiated", "gloo_groups", "nodes", "wall_s", "cpu_s",
+         "inputs_streamed")
 
 
 def emulate(cfg: PrismConfig, graph_dir: Path, timeline: Path, out_dir: Path,
@@ -53,7 +54,7 @@ def emulate(cfg: PrismConfig, graph_dir: Path, timeline: Path, out_dir: Path,
     stats = out_dir / "replay" / "stats.json"
     if stats.is_file():
         replay = json.loads(stats.read_text())
-        document["emulation"] = {k: replay[k] for k in STATS}
+        document["emulation"] = {k: replay[k] for k in STATS if k in replay}
         placement = out_dir / "placement.json"
         if placement.is_file():     # whether the ranks of interest had cores of their own
             document["emulation"]["placement"] = json.loads(placement.read_text())

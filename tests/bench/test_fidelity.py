@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from fidelity import _share_preload, _step_noise  # noqa: E402
+from fidelity import _share_preload, _step_noise, _timed_and_streamed  # noqa: E402
 
 from prism_core.replay.virtual_ops import ENV_PRELOAD  # noqa: E402
 
@@ -54,3 +54,17 @@ def test_more_assistants_at_once_than_cores_share_half_the_memory(monkeypatch):
     assert share >= 1 << 30 and (share == 1 << 30 or abs(share - free / 8) < 0.1 * free / 8)
     _share_preload([["record", "OUT"]])                                 # fits again: the variable goes
     assert ENV_PRELOAD not in os.environ
+
+
+def test_a_timed_run_whose_assistant_streamed_is_flagged(tmp_path: Path):
+    def run(name: str, stats: dict | None) -> Path:
+        d = tmp_path / name
+        (d / "replay").mkdir(parents=True)
+        if stats is not None:
+            (d / "replay" / "stats.json").write_text(json.dumps(stats))
+        return d
+
+    assert _timed_and_streamed(run("emulate_0", {"timed": True, "inputs_streamed": True}))
+    assert not _timed_and_streamed(run("emulate_1", {"timed": True, "inputs_streamed": False}))
+    assert not _timed_and_streamed(run("slice_0", {"timed": False, "inputs_streamed": True}))   # structure only
+    assert not _timed_and_streamed(run("record", None))                                          # no assistant

@@ -69,6 +69,7 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
     assert entry["predicted_iteration_time_s"] == predicted["ranks"]["1"]["iteration_time_s"]
     assert doc["emulation"]["virtual_ranks"] == 1
     assert doc["emulation"]["groups_instantiated"] == doc["emulation"]["groups_in_job"] == 1
+    assert doc["emulation"]["inputs_streamed"] is False    # its cached inputs all held before it began
     replay = json.loads((tmp_path / "emulate" / "replay" / "stats.json").read_text())
     assert replay["timed"] and replay["timed_gloo_ops"] > 0    # the virtual stage's sends and receives
     assert replay["max_ahead_of_clock_s"] <= 0.0, "a virtual op went on the wire before its calibrated time"
