@@ -52,11 +52,12 @@ def run(cfg, graph_dir: Path, rank: int, out: Path, own_core: bool) -> None:
 
 def figures(cfg, graph, rank: int, out: Path) -> tuple[float, float, float]:
     """The slice's rank's compute per measured step as measured (wall) and less its thread's
-    waits for its core (as the calibration takes it), and its median step time (s)."""
+    the part of its waits for its core the assistant ran (as the calibration takes it), and its
+    median step time (s)."""
     match = match_ops(graph.trace)
     cols = graph.trace.rank(rank)
     measured = (cols["kind"] == COMPUTE) & (cols["step"] >= cfg.job.warmup)
-    wall, unqueued = (slice_timings(graph.trace, match, out, [rank], unqueue=u)[rank] for u in (False, True))
+    wall, unqueued = (slice_timings(graph.trace, match, out, [rank], waits_out=u)[rank] for u in ("none", "assistant"))
     steps = len(wall.step_times) - cfg.job.warmup
     return (float(wall.span[measured].sum()) / steps, float(unqueued.span[measured].sum()) / steps,
             statistics.median(wall.step_times[cfg.job.warmup:]))

@@ -79,6 +79,7 @@ from prism_core.replay.slices import run_slice, run_together
 from prism_core.trace import load_trace
 from prism_core.trace.matching import match_ops
 from prism_core.trace.schema import COMPUTE
+from prism_core.trace.store import read_queued
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from turns import graph_progress, take_turns, unstop_run  # noqa: E402  (a bench script beside this one)
@@ -124,7 +125,9 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
     "plain": the plain slices alone, their loaded runs left out: what the loaded runs' neighbours
     moved (None where no slice's load ran).
     "queued": the slices' compute spans with the ranks' waits for their core left in
-    (trace/run_delay.py): what taking them out moved.
+    (trace/run_delay.py): what taking out the assistant's part moved. "all-waits": every wait taken
+    out, what the ranks' own threads and the rest of the machine ran too (before 2026-12-03 the
+    calibration did so).
     "other": communication from the plain slices run the other way (`--other-join`: virtual
     members of collectives joining late, or early; `--other-awake`: the assistant's cores kept
     awake the other way; None where they did not run).
@@ -140,8 +143,8 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
     match = match_ops(graph.trace)
     replicas = replica_runs(jobs)
 
-    def measured_replicas(unqueue: bool = True, where=lambda d: d) -> dict:
-        return replica_spans(graph.trace, match, [(where(d), ranks) for d, ranks in replicas], unqueue)
+    def measured_replicas(waits_out: str = "assistant", where=lambda d: d) -> dict:
+        return replica_spans(graph.trace, match, [(where(d), ranks) for d, ranks in replicas], waits_out)
 
     if compute == "other":
         other = [_other(j.directory) for j in jobs]
@@ -150,10 +153,11 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
         timings, _ = timed_ranks(graph.trace, match, [(d, j.sandbox) for d, j in zip(other, jobs)],
                                  [j.loaded for j in jobs])
         measured = measured_replicas()
-    elif compute == "queued":
+    elif compute in ("queued", "all-waits"):
+        waits_out = "none" if compute == "queued" else "all"
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
-                                 [j.loaded for j in jobs], unqueue=False)
-        measured = measured_replicas(unqueue=False)
+                                 [j.loaded for j in jobs], waits_out=waits_out)
+        measured = measured_replicas(waits_out)
     elif compute == "other-corun":
         other = [None if j.loaded is None else _other(j.loaded) for j in jobs]
         if not any(d is not None and load_ran(d) for d in other):
@@ -183,8 +187,8 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
 
 
 def _compute_against_real(cfg, graph, root: Path) -> tuple[float, float]:
-    """The timed ranks' compute over the measured steps (the sum of their compute spans, waits for a
-    core taken out) in the plain slices and in their loaded runs, each as a ratio to the same
+    """The timed ranks' compute over the measured steps (the sum of their compute spans, the part of
+    their waits for a core the assistant ran taken out) in the plain slices and in their loaded runs, each as a ratio to the same
     ranks' in the pair's record (nan where no loaded run ran): which of the two computed as the
     real run did."""
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
@@ -207,6 +211,37 @@ def _compute_against_real(cfg, graph, root: Path) -> tuple[float, float]:
             loaded += compute(slice_timings(graph.trace, match, j.loaded, j.sandbox))
             real_loaded += compute({r: real[r] for r in j.sandbox})
     return plain / real_plain, (loaded / real_loaded if real_loaded else float("nan"))
+
+
+def _waits(runs: list[tuple[Path, list[int]]], warmup: int) -> tuple[float, float, float]:
+    """The ranks' waits for their core within compute over the measured steps, as a share of their
+    compute spans (wall); the part of them the ranks' own other threads ran, and the part the
+    assistant ran, which the calibration takes out (trace/run_delay.py)."""
+    compute = queued = own = assistant = 0.0
+    for run_dir, ranks in runs:
+        for r in ranks:
+            with np.load(run_dir / "trace_parts" / f"{r}.npz") as part:
+                measured = (part["kind"] == COMPUTE) & (part["step"] >= warmup)
+                compute += float((part["t_end"] - part["t_start"])[measured].sum())
+            nodes, q, o, h = read_queued(run_dir / "trace_parts" / f"{r}.npz")
+            keep = measured[nodes]
+            queued += float(q[keep].sum())
+            own += float(np.minimum(q, o)[keep].sum())
+            assistant += float(np.minimum(np.maximum(q - o, 0.0), h)[keep].sum())
+    return (queued / compute, own / compute, assistant / compute) if compute else (float("nan"),) * 3
+
+
+def _waits_of(cfg, graph, root: Path) -> str:
+    """`_waits` of the pair's record and of its loaded runs, as a line."""
+    _, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing")
+    loaded = [(j.loaded, j.sandbox) for j in jobs if j.loaded is not None and load_ran(j.loaded)]
+    out = []
+    for what, runs in (("record", [(root / "record", list(range(cfg.job.world_size)))]), ("loaded runs", loaded)):
+        if runs:
+            q, o, a = _waits(runs, cfg.job.warmup)
+            out.append(f"{what} {100 * q:.2f}% of compute ({100 * o:.2f}% its own threads', {100 * a:.2f}% the "
+                       "assistant's)")
+    return "waits for a core: " + ", ".join(out)
 
 
 def _figure(run_dir: Path, world: int, warmup: int) -> float:
@@ -585,6 +620,8 @@ def main() -> None:
                 unloaded = _variant(cfg, graph, root, "plain") if first_pass else None
                 pair["plain"] = float("nan") if unloaded is None else unloaded
                 pair["queued"] = _variant(cfg, graph, root, "queued") if first_pass else float("nan")
+                pair["allwaits"] = _variant(cfg, graph, root, "all-waits") if first_pass else float("nan")
+                waits = _waits_of(cfg, graph, root) if first_pass else ""
                 reordered = _variant(cfg, graph, root, "reordered") if first_pass else None
                 pair["reordered"] = float("nan") if reordered is None else reordered
                 pair["plain_c"], pair["loaded_c"] = (_compute_against_real(cfg, graph, root) if first_pass
@@ -609,6 +646,7 @@ def main() -> None:
                       f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
                       f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
                       f"waits for a core kept {pair['queued']:.4f} s ({_pct(pair['queued'], real)})  "
+                      f"all waits out {pair['allwaits']:.4f} s ({_pct(pair['allwaits'], real)})  "
                       f"DP replicas reordered {pair['reordered']:.4f} s ({_pct(pair['reordered'], real)})  "
                       f"the other way ({'co-run assistants' if args.other_corun else 'cores awake' if args.other_awake else 'joining'}) {pair['other']:.4f} s "
                       f"({_pct(pair['other'], real)})  "
@@ -620,6 +658,8 @@ def main() -> None:
                       f"one pass {pair['first']:.4f} s  uncalibrated {pair['uncal']:.4f} s  compute against the "
                       f"record's: plain slices {_pct(pair['plain_c'], 1)}, loaded runs {_pct(pair['loaded_c'], 1)}",
                       flush=True)
+                if waits:
+                    print(f"{cfg.name} pair {i + 1}/{args.pairs}: {waits}", flush=True)
             col = {k: [p[k] for p in pairs] for k in pairs[0]}
             real = col["real"]
             r, p, u, f, e, er = (statistics.median(col[k]) for k in ("real", "pred", "uncal", "first", "emul",
@@ -643,6 +683,7 @@ def main() -> None:
                          statistics.median([b / a - 1 for a, b in zip(real, col["oracle"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["plain"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["queued"])]),
+                         statistics.median([b / a - 1 for a, b in zip(real, col["allwaits"])]),
                          statistics.median([abs(b / a - 1) for a, b in zip(real, col["emul_real"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["other"])]),
                          statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["pred2"])]),
@@ -657,12 +698,12 @@ def main() -> None:
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'real (s)':>9} {'emulated (s)':>12} {'error':>8} {'pair-wise':>9} {'90% interval':>15} "
           f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} "
-          f"{'queue kept':>10} {'real spread':>11} {'halves':>7} {'other':>10} {'2nd pass':>9} {'2nd real compute':>16} "
+          f"{'queue kept':>10} {'all waits out':>13} {'real spread':>11} {'halves':>7} {'other':>10} {'2nd pass':>9} {'2nd real compute':>16} "
           f"{'plain compute':>13} {'loaded compute':>14} {'step noise':>10}")
-    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, hv, oj, p2, oc2, pc, lc, sn in rows:
+    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, aw, hv, oj, p2, oc2, pc, lc, sn in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {er:9.4f} {e:12.4f} "
               f"{_pct(e, er):>8} {100 * epw:+8.2f}% {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
-              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% "
+              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% {100 * aw:+12.2f}% "
               f"{100 * spread:10.2f}% {100 * hv:6.2f}% {100 * oj:+9.2f}% {100 * p2:+8.2f}% {100 * oc2:+15.2f}% "
               f"{100 * pc:+12.2f}% {100 * lc:+13.2f}% {100 * sn:9.2f}%")
     if STREAMED:
@@ -676,7 +717,9 @@ def main() -> None:
     print("no load: each pair's prediction from its plain slices alone, their loaded runs left out (pair-wise median; "
           "nan where no slice had one): what the loaded runs' neighbours (co-runs or the stand-in load) moved")
     print("queue kept: each pair's prediction with the slices' compute spans holding the ranks' waits for their "
-          "core (pair-wise median): what taking them out moved (an assistant sharing a rank's core takes that time)")
+          "core (pair-wise median): what taking out the part the assistant ran (sharing a rank's core) moved; "
+          "all waits out: with every wait taken out, the ranks' own threads' and the rest of the machine's too "
+          "(as the calibration did before)")
     if args.other_join:
         print(f"other: each pair's prediction with communication from plain slices whose virtual members joined "
               f"{'early' if args.join_late else 'late'} (pair-wise median), taking turns with the rest")
@@ -707,8 +750,8 @@ def main() -> None:
         print("2nd pass: each pair's prediction from slices replaying the first pass's timeline and loaded runs of "
               "their own, taking turns with the second record, against that record (pair-wise median); 2nd real "
               "compute: their communication with that record's compute spans")
-    print("plain / loaded compute: the timed ranks' compute per step (their compute spans, waits for a core taken "
-          "out) in the plain slices and in the loaded runs against the same ranks' in the record (median of the pairs)")
+    print("plain / loaded compute: the timed ranks' compute per step (their compute spans, the part of their waits for a "
+          "core the assistant ran taken out) in the plain slices and in the loaded runs against the same ranks' in the record (median of the pairs)")
     print("90% interval: of the error, bootstrapped over the pairs (each resample draws whole pairs with "
           "replacement); an interval that holds 0 cannot tell the error apart from none")
     print("real spread: (slowest - fastest) / median of the real runs' figures: this machine's noise between runs; "

@@ -15,9 +15,11 @@ With a loaded run of the slice (the same ranks run again beside the job's other 
 co-run of several slices at once — or beside a stand-in compute load on the assistant's cores:
 the neighbours that compute beside a rank in the full job), compute nodes take their spans from
 it and everything else from the plain run, whose assistant had its core alone.
-A compute span of a run that had an assistant leaves out the time the rank's thread waited for
-its core within it (`trace/run_delay.py`): an assistant sharing the rank's core (each member's,
-in a co-run on 2 cores) takes that time, which the full job never spends.
+A compute span of a run that had an assistant leaves out the part of the rank's waits for its
+core within it (`trace/run_delay.py`) that the assistant ran: an assistant sharing the rank's
+core (each member's, in a co-run on 2 cores) takes that time, which the full job never spends.
+The rest of the wait stays, as it does in a `prism record` run: the rank's own other threads
+(its ring transports) and the launcher take their time in the full job too.
 Collectives whose members were timed in different runs give every member the members' mean
 transfer (`pool_member_noise`).
 
@@ -46,6 +48,8 @@ ALL_TO_ALL_OPS = frozenset({OP_CODE["all_to_all_single"], OP_CODE["alltoall"]})
 SYNC_SLACK_S = 1e-6
 # a wait that took longer than this blocked (a wait on a finished op costs a few microseconds)
 WAIT_BLOCKED_S = 50e-6
+# which of a compute span's waits for a core a run with an assistant takes out (`slice_timings`)
+WAITS_OUT = ("assistant", "foreign", "all", "none")
 
 
 @dataclass
@@ -77,9 +81,13 @@ def _check_same_structure(bare: Trace, rank: int, measured: dict[str, np.ndarray
 
 
 def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[int],
-                  unqueue: bool = True) -> dict[int, RankTiming]:
-    """The timing model of each sandbox rank of one slice. `unqueue`: compute spans of a run with
-    an assistant leave out the rank's waits for its core (False: the ablation that keeps them)."""
+                  waits_out: str = "assistant") -> dict[int, RankTiming]:
+    """The timing model of each sandbox rank of one slice. `waits_out`: which waits for its core a
+    compute span of a run with an assistant leaves out: "assistant", the part the assistant ran;
+    "foreign", all but what the rank's own other threads ran; "all" of them; "none" (the last
+    three are ablations)."""
+    if waits_out not in WAITS_OUT:
+        raise ValueError(f"waits_out {waits_out!r}: one of {', '.join(WAITS_OUT)}")
     slice_dir = Path(slice_dir)
     measured = merge_parts(slice_dir / "trace_parts", bare.world_size, sandbox)
     arrivals = slice_dir / "replay" / "arrivals.npy"
@@ -101,21 +109,28 @@ def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[in
     out = {}
     for r in sandbox:
         out[r] = _rank_timing(bare, match, r, measured.rank(r), last, slice_dir)
-        if unqueue and arrivals.is_file():
-            out[r] = _unqueued(bare, r, out[r], slice_dir)
+        if waits_out != "none" and arrivals.is_file():
+            out[r] = _unqueued(bare, r, out[r], slice_dir, waits_out)
     return out
 
 
-def _unqueued(bare: Trace, rank: int, timing: RankTiming, slice_dir: Path) -> RankTiming:
-    """`timing` with its compute spans less the time the rank's thread waited for its core."""
-    nodes, queued = read_queued(Path(slice_dir) / "trace_parts" / f"{rank}.npz")
+def _unqueued(bare: Trace, rank: int, timing: RankTiming, slice_dir: Path, waits_out: str) -> RankTiming:
+    """`timing` with its compute spans less the waits for its core `waits_out` names (`slice_timings`).
+
+    A rank is bound to one core, so what its other threads ran there was a wait of its program's
+    thread; the assistant ran there only where the launcher named it (it shares the rank's core).
+    """
+    nodes, queued, own, helper = read_queued(Path(slice_dir) / "trace_parts" / f"{rank}.npz")
     if not len(nodes):
         return timing
     if nodes.max() >= len(timing.span) or np.any(bare.rank(rank)["kind"][nodes] != COMPUTE):
         raise CalibrationError(f"rank {rank} in slice {slice_dir}: its waits for a core name nodes that are not "
                                "compute; rerun the slice")
     span = timing.span.copy()
-    span[nodes] = np.maximum(span[nodes] - queued, 0.0)
+    out = queued if waits_out == "all" else np.maximum(queued - own, 0.0)
+    if waits_out == "assistant":
+        out = np.minimum(out, helper)
+    span[nodes] = np.maximum(span[nodes] - out, 0.0)
     return replace(timing, span=span)
 
 

@@ -58,27 +58,27 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
 
 
 def replica_spans(bare: Trace, match: OpMatch, runs: list[tuple[Path, list[int]]],
-                  unqueue: bool = True) -> dict[int, np.ndarray]:
+                  waits_out: str = "assistant") -> dict[int, np.ndarray]:
     """The spans of DP replicas that ran for real in a co-run (`runs`: directory, ranks), those
-    whose co-run had every member bound to its core (`load_ran`); `unqueue` as in `slice_timings`."""
+    whose co-run had every member bound to its core (`load_ran`); `waits_out` as in `slice_timings`."""
     out: dict[int, np.ndarray] = {}
     for directory, ranks in runs:
         if load_ran(directory):
-            out.update({r: t.span for r, t in slice_timings(bare, match, directory, ranks, unqueue).items()})
+            out.update({r: t.span for r, t in slice_timings(bare, match, directory, ranks, waits_out).items()})
     return out
 
 
 def timed_ranks(bare: Trace, match: OpMatch, slices: list[tuple[Path, list[int]]],
-                loaded: list[Path | None] | None = None, unqueue: bool = True) -> tuple[dict[int, RankTiming], dict | None]:
+                loaded: list[Path | None] | None = None, waits_out: str = "assistant") -> tuple[dict[int, RankTiming], dict | None]:
     """What every timed rank measured in its slice, compute from the slice's loaded run where it
-    has one; and how many slices had one and how much longer their compute was. `unqueue`: as in
+    has one; and how many slices had one and how much longer their compute was. `waits_out`: as in
     `slice_timings`."""
     timings: dict[int, RankTiming] = {}
     used, plain_compute, loaded_compute = 0, 0.0, 0.0
     for (directory, sandbox), load_dir in zip(slices, loaded or [None] * len(slices)):
-        plain = slice_timings(bare, match, directory, sandbox, unqueue)
+        plain = slice_timings(bare, match, directory, sandbox, waits_out)
         if load_dir is not None and load_ran(load_dir):
-            beside = slice_timings(bare, match, load_dir, sandbox, unqueue)
+            beside = slice_timings(bare, match, load_dir, sandbox, waits_out)
             plain_compute += _compute_total(bare, plain)
             plain = with_loaded_compute(bare, plain, beside)
             loaded_compute += _compute_total(bare, plain)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prism_core.launch.cores import ENV_CPUS, Placement, keep_awake, place, place_on
+from prism_core.trace.run_delay import ENV_HELPER_PID
 from prism_core.runtime import write_json_atomic
 
 KILL_GRACE_S = 3.0
@@ -131,9 +132,16 @@ def read_errors(run_dir: Path) -> list[dict]:
     return errors
 
 
+def helper_may_share(placement: Placement | None, rank: int) -> bool:
+    """Whether a launch's assistant may run on `rank`'s core: unbound, or bound to it (a co-run's)."""
+    p = placement
+    return p is None or not p.helper or rank not in p.ranks or p.ranks[rank] in p.helper
+
+
 def _rank_env(spec: LaunchSpec, rank: int, port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.pop(ENV_CPUS, None)      # only this launch's placement binds its processes
+    env.pop(ENV_HELPER_PID, None)   # set below for the ranks the assistant may share a core with
     env.update(spec.env)
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
@@ -226,6 +234,8 @@ class _Job:
                    "--result-dir", str(self.spec.run_dir), "--", *self.spec.args]
             env = _rank_env(self.spec, rank, port)
             env.update(cpus.get(rank, {}))
+            if self.helper is not None and helper_may_share(self.placement, rank):
+                env[ENV_HELPER_PID] = str(self.helper.pid)     # its recorder notes what the assistant ran
             self.ranks[rank] = self._spawn(cmd, env, f"rank_{rank}.log")
 
     def _place(self) -> dict:

@@ -5,7 +5,9 @@ The prism backend calls `issue` / `complete` / `wait_begin` / `wait_end` around 
 `optimizer.step()`. Each call closes the compute node that ran since the previous point. Rows
 are kept as small Python lists (cheap to append) and turned into columns once, at the end.
 Beside each compute node that had any, the time the recording thread waited for a core within it
-(`trace/run_delay.py`), in the part's `queued_node` / `queued_s`; beside each communication node,
+(`trace/run_delay.py`), in the part's `queued_node` / `queued_s`, with the CPU time the process's
+other threads ran within it (`queued_own_s`) and the launch's assistant ran (`queued_helper_s`,
+zero where the launcher named none that shares the rank's core); beside each communication node,
 the moment the backend handed the op over to the wire (a ring's thread starting it, or the call
 into gloo beginning), in `wire_node` / `wire_t`: what the rank's own issue cost before its op could move.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.trace.flight import ISSUING, WAITING
-from prism_core.trace.run_delay import RunDelay
+from prism_core.trace.run_delay import OwnThreads, ProcessCpu, RunDelay
 from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE, REDUCE_CODE, WAIT
 
 _now = time.perf_counter
@@ -50,7 +52,13 @@ class Recorder:
         self.flight = None   # trace.flight.Flight, when the launcher watches this rank
         self._delay = RunDelay.of_this_thread()     # the thread that starts the recorder runs the program
         self._delay_mark = self._delay.read() if self._delay is not None else 0
-        self.queued: list[tuple[int, int]] = []     # (compute node, ns its thread waited for a core)
+        self._own = OwnThreads() if self._delay is not None else None
+        self._own_mark = self._own.read() if self._own is not None else 0
+        self._helper = ProcessCpu.of_helper() if self._delay is not None else None
+        self._helper_mark = self._helper.read() if self._helper is not None else 0
+        # (compute node, ns its thread waited for a core, ns the process's other threads ran,
+        #  ns the assistant ran)
+        self.queued: list[tuple[int, int, int, int]] = []
         self.wire: list[tuple[int, float]] = []     # (comm node, when the backend handed it over to the wire)
 
     # -- points ------------------------------------------------------------------------------
@@ -60,10 +68,12 @@ class Recorder:
         if self.memory is not None:
             self.live.append((len(self.rows) - 1, self.memory.current_bytes()))
         if self._delay is not None:
-            delay = self._delay.read()
+            delay, own = self._delay.read(), self._own.read()
+            helper = self._helper.read() if self._helper is not None else 0
             if delay > self._delay_mark:
-                self.queued.append((len(self.rows) - 1, delay - self._delay_mark))
-            self._delay_mark = delay
+                self.queued.append((len(self.rows) - 1, delay - self._delay_mark, max(own - self._own_mark, 0),
+                                    max(helper - self._helper_mark, 0)))
+            self._delay_mark, self._own_mark, self._helper_mark = delay, own, helper
         self._mark = now
         self._last_issue = None
 
@@ -71,7 +81,9 @@ class Recorder:
         """Compute starts again at `now` (an op was issued, or a wait ended)."""
         self._mark = now
         if self._delay is not None:
-            self._delay_mark = self._delay.read()
+            self._delay_mark, self._own_mark = self._delay.read(), self._own.read()
+            if self._helper is not None:
+                self._helper_mark = self._helper.read()
 
     def push(self, label: str, mb: int, chunk: int) -> None:
         self._close_compute(_now())
@@ -191,10 +203,11 @@ class Recorder:
         tmp = directory / f".{self.rank}.{os.getpid()}.tmp.npz"
         columns = self.columns()           # closes the last compute node (and samples it)
         live = np.asarray(self.live, dtype=np.int64).reshape(-1, 2)
-        queued = np.asarray(self.queued, dtype=np.int64).reshape(-1, 2)
+        queued = np.asarray(self.queued, dtype=np.int64).reshape(-1, 4)
         wire = sorted(self.wire)
         np.savez(tmp, tables=np.frombuffer(json.dumps(self.tables()).encode(), dtype=np.uint8), **columns,
                  live_node=live[:, 0], live_bytes=live[:, 1], queued_node=queued[:, 0], queued_s=queued[:, 1] * 1e-9,
+                 queued_own_s=queued[:, 2] * 1e-9, queued_helper_s=queued[:, 3] * 1e-9,
                  wire_node=np.asarray([n for n, _ in wire], dtype=np.int64),
                  wire_t=np.asarray([t for _, t in wire], dtype=np.float64))
         os.replace(tmp, path)

@@ -61,10 +61,18 @@ def _read_part(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     return cols, tables
 
 
-def read_queued(part: Path) -> tuple[np.ndarray, np.ndarray]:
-    """A rank's compute nodes (local indices) and the seconds its thread waited for a core within
-    each (trace/run_delay.py), from its trace part; empty where none were noted."""
-    return _node_values(part, "queued_node", "queued_s")
+def read_queued(part: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A rank's compute nodes (local indices), the seconds its thread waited for a core within each
+    (trace/run_delay.py), the CPU seconds the rank's other threads ran within each, and those the
+    launch's assistant ran, from its trace part; empty where none were noted. A part written before
+    the last two were noted gives zeros for its own threads and infinity for the assistant (its
+    whole wait was taken for the assistant's then)."""
+    nodes, queued = _node_values(part, "queued_node", "queued_s")
+    with np.load(part) as data:
+        own = data["queued_own_s"].astype(np.float64) if "queued_own_s" in data.files else np.zeros(len(nodes))
+        helper = (data["queued_helper_s"].astype(np.float64) if "queued_helper_s" in data.files
+                  else np.full(len(nodes), np.inf))
+    return nodes, queued, own, helper
 
 
 def read_wire(part: Path) -> tuple[np.ndarray, np.ndarray]:

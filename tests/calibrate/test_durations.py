@@ -243,9 +243,11 @@ def test_steps_running_other_nodes_are_not_reordered():
 
 # ---------------------------------------------------------------- waits for the core (run delay)
 
-def _slice_with_waits(tmp_path, arrivals: bool):
+def _slice_with_waits(tmp_path, arrivals: bool, own: tuple[float, float] | None = None,
+                      helper: tuple[float, float] | None = None):
     """Two ranks: compute 1 s, an all-reduce 0.1 s, compute 0.9 s; within their compute the ranks'
-    threads waited 0.25 s and 0.5 s for their core."""
+    threads waited 0.25 s and 0.5 s for their core (`own`: their other threads ran this much
+    meanwhile, `helper`: the assistant; a part written without the figures where None)."""
     from prism_core.trace import merge_parts
     from prism_core.trace.recorder import Recorder
     from tests.trace._build import blocking
@@ -260,6 +262,11 @@ def _slice_with_waits(tmp_path, arrivals: bool):
         assert cols["kind"].tolist() == [COMPUTE, COMM, COMPUTE]
         cols["t_start"], cols["t_end"] = np.array([0.0, 1.0, 1.1]), np.array([1.0, 1.1, 2.0])
         cols["queued_node"], cols["queued_s"] = np.array([0, 2]), np.array([0.25, 0.5])
+        for key, value in (("queued_own_s", own), ("queued_helper_s", helper)):
+            if value is None:
+                del cols[key]
+            else:
+                cols[key] = np.array(value)
         np.savez(path, **cols)
         (tmp_path / "results").mkdir(exist_ok=True)
         (tmp_path / "results" / f"{r}.json").write_text(json.dumps({"step_times_s": [2.0]}))
@@ -270,15 +277,40 @@ def _slice_with_waits(tmp_path, arrivals: bool):
     return bare, match_ops(bare)
 
 
-def test_a_run_with_an_assistant_takes_the_waits_for_the_core_out_of_compute(tmp_path):
+def test_a_run_noted_before_the_assistants_part_takes_every_wait_out_of_compute(tmp_path):
     from prism_core.calibrate.durations import slice_timings
 
-    bare, match = _slice_with_waits(tmp_path, arrivals=True)
+    bare, match = _slice_with_waits(tmp_path, arrivals=True)       # neither figure in the part
     t = slice_timings(bare, match, tmp_path, [0])[0]
     assert t.span[[0, 2]] == pytest.approx([0.75, 0.4])
     assert t.transfer[1] == pytest.approx(0.1)                # communication keeps its times
-    kept = slice_timings(bare, match, tmp_path, [0], unqueue=False)[0]
+    kept = slice_timings(bare, match, tmp_path, [0], waits_out="none")[0]
     assert kept.span[[0, 2]] == pytest.approx([1.0, 0.9])
+    with pytest.raises(ValueError, match="waits_out"):
+        slice_timings(bare, match, tmp_path, [0], waits_out="some")
+
+
+def test_only_the_part_of_a_wait_the_assistant_ran_leaves_the_compute(tmp_path):
+    from prism_core.calibrate.durations import slice_timings
+
+    # the first wait: 0.1 s the rank's own threads', the assistant ran 0.05 s; the second: the
+    # assistant ran longer than the rank waited (it had the core while the rank did not want it)
+    bare, match = _slice_with_waits(tmp_path, arrivals=True, own=(0.1, 0.0), helper=(0.05, 0.8))
+    t = slice_timings(bare, match, tmp_path, [0])[0]
+    assert t.span[[0, 2]] == pytest.approx([0.95, 0.4])
+    foreign = slice_timings(bare, match, tmp_path, [0], waits_out="foreign")[0]
+    assert foreign.span[[0, 2]] == pytest.approx([0.85, 0.4])
+    every = slice_timings(bare, match, tmp_path, [0], waits_out="all")[0]
+    assert every.span[[0, 2]] == pytest.approx([0.75, 0.4])
+    with pytest.raises(ValueError, match="waits_out"):
+        slice_timings(bare, match, tmp_path, [0], waits_out="some")
+
+
+def test_a_run_whose_assistant_shared_no_core_with_the_rank_keeps_its_compute_whole(tmp_path):
+    from prism_core.calibrate.durations import slice_timings
+
+    bare, match = _slice_with_waits(tmp_path, arrivals=True, own=(0.0, 0.0), helper=(0.0, 0.0))
+    assert slice_timings(bare, match, tmp_path, [0])[0].span[[0, 2]] == pytest.approx([1.0, 0.9])
 
 
 def test_a_real_run_of_every_rank_keeps_its_compute_whole(tmp_path):

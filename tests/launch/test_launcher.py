@@ -25,7 +25,8 @@ from prism_core import cli
 from prism_core.launch.cores import machine_cores
 from prism_core.config import load_config
 from prism_core.launch import LaunchError
-from prism_core.launch.launcher import LaunchSpec, LaunchStopped, launch
+from prism_core.launch.cores import Placement
+from prism_core.launch.launcher import LaunchSpec, LaunchStopped, helper_may_share, launch
 from prism_core.record import record
 
 from tests.jobs import WORLD, assert_nothing_left
@@ -162,7 +163,8 @@ def env_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("env_run")
     config, script = _job(tmp_path, f"""
         seen = {{k: os.environ.get(k) for k in
-                 ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")}}
+                 ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+                  "PRISM_HELPER_PID")}}
         seen["threads"] = torch.get_num_threads()
         seen["cores"] = sorted(os.sched_getaffinity(0))
         dist.init_process_group("gloo")
@@ -193,6 +195,7 @@ def test_script_gets_torchrun_environment(env_run):
         assert env["WORLD_SIZE"] == str(WORLD)
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["OMP_NUM_THREADS"] == "1"
+        assert env["PRISM_HELPER_PID"] is None     # no assistant in a record run
         assert env["threads"] == 1
         assert (env["dist_rank"], env["dist_world_size"]) == (rank, WORLD)
         assert env["backend"] == "prism"  # `prism record` routes "gloo" to the prism backend
@@ -212,6 +215,13 @@ def test_each_rank_runs_on_a_core_of_its_own(env_run):
     assert placement["bound"]
     assert cores == [[placement["ranks"][str(r)]] for r in range(WORLD)]
     assert len({c[0] for c in cores}) == WORLD
+
+
+def test_a_rank_is_told_of_the_assistant_only_where_it_may_share_its_core():
+    assert helper_may_share(None, 0)                                     # unbound
+    assert helper_may_share(Placement({0: 0}, [0]), 0)                   # a co-run's: on the rank's core
+    assert not helper_may_share(Placement({0: 0}, [1]), 0)               # a slice's: a core of its own
+    assert helper_may_share(Placement({0: 0}, []), 0)                    # bound ranks, assistant unbound
 
 
 @pytest.mark.timeout(120)

@@ -24,6 +24,7 @@ from prism_core.record import RecordOptions, record
 from prism_core.replay.slices import CO_RUN, SLICE_DONE, plan_slices, run_slice
 from prism_core.trace.matching import match_ops
 from prism_core.trace.schema import COMM, COMPUTE, OP_CODE, P2P_OPS, WAIT
+from prism_core.trace.store import read_queued
 
 from tests.jobs import CRASH_IN_SLICE_SCRIPT, assert_no_rank_processes, assert_nothing_left, make_job
 
@@ -89,6 +90,13 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) ->
         plain = slice_timings(trace, match, job.directory, job.sandbox)
         loaded = slice_timings(trace, match, job.loaded, job.sandbox)
         for r in job.sandbox:
+            # the co-run's assistant shares the rank's core and is named to it; the plain slice's
+            # runs on a core of its own, and what it ran is never counted against the rank
+            _, _, _, beside = read_queued(job.loaded / "trace_parts" / f"{r}.npz")
+            assert np.all(np.isfinite(beside)) and np.all(beside >= 0)
+            if plain_placement["bound"] and plain_placement["ranks"][str(r)] not in plain_placement["assistant"]:
+                _, _, _, apart = read_queued(job.directory / "trace_parts" / f"{r}.npz")
+                assert np.all(apart == 0)
             s = trace.rank_slice(r)
             kind, op = trace.columns["kind"][s], trace.columns["op"][s]
             compute = kind == COMPUTE

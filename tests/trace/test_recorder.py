@@ -271,21 +271,30 @@ class _ScriptedDelay:
 def test_waits_for_the_core_are_noted_per_compute_node_and_not_within_ops(tmp_path):
     rec = Recorder(0)
     rec._delay, rec._delay_mark = _ScriptedDelay(), 0
+    rec._own, rec._own_mark = _ScriptedDelay(), 0
+    rec._helper, rec._helper_mark = _ScriptedDelay(), 0
     rec._delay.ns = 30_000_000                   # waited 30 ms within the first compute node
+    rec._own.ns = 12_000_000                     # the rank's other threads ran 12 ms of it
+    rec._helper.ns = 15_000_000                  # and the assistant 15
     idx = rec.issue("allreduce", "world", WORLD, -1, 64, "float32")
     rec._delay.ns = 40_000_000                   # 10 ms within the issue call: the op's, not compute's
+    rec._own.ns, rec._helper.ns = 20_000_000, 40_000_000
     rec.issued(idx)
     inline, began = rec.wait_begin(idx, blocking=True)
     rec._delay.ns = 45_000_000                   # 5 ms within the wait
     rec.wait_end(idx, inline, began)
     rec.push("fwd", 0, 0)                        # a compute node without any wait: nothing noted
     rec._delay.ns = 65_000_000                   # 20 ms within the labelled compute
+    rec._own.ns = 21_000_000                     # 1 ms of other threads' within it
+    rec._helper.ns = 44_000_000                  # 4 ms of the assistant's
     rec.pop()
-    assert rec.queued == [(0, 30_000_000), (3, 20_000_000)]
-    assert [rec.rows[n][0] for n, _ in rec.queued] == [COMPUTE, COMPUTE]
+    assert rec.queued == [(0, 30_000_000, 12_000_000, 15_000_000), (3, 20_000_000, 1_000_000, 4_000_000)]
+    assert [rec.rows[n][0] for n, *_ in rec.queued] == [COMPUTE, COMPUTE]
     with np.load(rec.write_part(tmp_path)) as part:
         assert part["queued_node"].tolist() == [0, 3]
         assert part["queued_s"] == pytest.approx([0.03, 0.02])
+        assert part["queued_own_s"] == pytest.approx([0.012, 0.001])
+        assert part["queued_helper_s"] == pytest.approx([0.015, 0.004])
 
 
 def test_a_recorder_without_the_figure_notes_nothing(tmp_path):
