@@ -99,9 +99,9 @@ def test_the_wait_another_thread_of_the_process_causes_is_its_cpu_time():
         delay.close()
     assert not other.is_alive()
     assert 0.1 < waited < 0.6 and 0.1 < ran < 0.6
-    # what the other thread ran is what this one waited, within the share of the core that other
-    # processes of the machine took meanwhile
-    assert ran == pytest.approx(waited, rel=0.35)
+    # every moment the other thread ran on the core this one waited; the wait may hold more (a
+    # process of the machine on the same core, as a parallel test run has), never much less
+    assert ran <= waited * 1.25 + 0.03
 
 
 def test_the_wait_another_process_on_the_core_causes_is_its_cpu_time():
@@ -128,7 +128,9 @@ def test_the_wait_another_process_on_the_core_causes_is_its_cpu_time():
         os.sched_setaffinity(0, before_affinity)
         delay.close()
     assert 0.1 < waited < 0.6 and 0.1 < ran < 0.6
-    assert ran == pytest.approx(waited, rel=0.35)
+    # the child ran only on this thread's core while this thread was runnable: all it ran is wait
+    # here; the wait may hold more (another process of the machine on the same core)
+    assert ran <= waited * 1.25 + 0.03
     assert other.read() == other.read() > 0        # ended: its last figure stays
 
 
