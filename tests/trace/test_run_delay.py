@@ -64,9 +64,9 @@ def test_the_figure_only_grows():
         delay.close()
 
 
-def test_the_wait_another_thread_of_the_process_causes_is_its_cpu_time():
+def test_the_wait_another_thread_of_the_process_causes_holds_its_cpu_time():
     """Two threads of one process on one core, both outside the GIL (hashing a large buffer): the
-    calling thread's wait for the core is about what the other thread ran."""
+    calling thread's wait for the core holds what the other thread ran."""
     import hashlib
     import threading
 
@@ -104,8 +104,8 @@ def test_the_wait_another_thread_of_the_process_causes_is_its_cpu_time():
     assert ran <= waited * 1.25 + 0.03
 
 
-def test_the_wait_another_process_on_the_core_causes_is_its_cpu_time():
-    """A process spinning on this thread's core: the thread's wait is about the CPU time it ran."""
+def test_the_wait_another_process_on_the_core_causes_holds_its_cpu_time():
+    """A process spinning on this thread's core: the thread's wait holds the CPU time it ran."""
     from prism_core.trace.run_delay import ProcessCpu
 
     delay = RunDelay.of_this_thread()
