@@ -34,6 +34,9 @@ calibrated issue, not that plus their rank's issue cost), taking turns with the 
 after the table gives both against the second record. With `--other-spin` each emulation runs
 again with its assistant's cores kept awake while its virtual ranks compute the other way
 (`emulation.awake_while_computing`, replay/awake.py), and a line after the table gives both.
+With `--other-pace` each emulation runs again with its virtual ranks following its sandbox rank's
+pace the other way (`emulation.follow_pace`, replay/follow.py), and a line after the table gives
+both.
 
 With `--passes 2` (and `--turns`) the slices run a second time, their virtual ranks replaying the
 first pass's calibrated timeline in real time (calibrate/stage.py `time_and_calibrate`), taking
@@ -42,7 +45,7 @@ turns with the second record (and the emulations) and with loaded runs of their 
 compute spans) are against the second record, as the first pass's are against the first.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin]
+                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace]
                                        [--passes 2]] [--join-late]
                                        [--keep DIR]
 
@@ -336,6 +339,10 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
             for r in range(world):
                 runs.append((["emulate-awake", str(root / f"emulate_{r}_spin"), str(graph.directory), str(timeline),
                               str(r)], [(root / f"emulate_{r}_spin", [r])]))
+        if args.other_pace:
+            for r in range(world):
+                runs.append((["emulate-pace", str(root / f"emulate_{r}_pace"), str(graph.directory), str(timeline),
+                              str(r)], [(root / f"emulate_{r}_pace", [r])]))
     if args.passes == 2:
         plan2, jobs2 = _second_pass_jobs(cfg, graph, root)
         runs += _slice_runs(cfg, graph, jobs2, args, _first_timeline(root))
@@ -353,6 +360,9 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
                                                  for r in range(world))
         if args.other_spin:
             out["emul_spin"] = statistics.mean(_rank_figure(root / f"emulate_{r}_spin", r, warmup)
+                                               for r in range(world))
+        if args.other_pace:
+            out["emul_pace"] = statistics.mean(_rank_figure(root / f"emulate_{r}_pace", r, warmup)
                                                for r in range(world))
     if args.passes == 2:
         doc, _ = calibrate_pass(cfg, graph.trace, plan2, jobs2, root / "calibrate2", 1)
@@ -527,11 +537,15 @@ def _launch(args) -> None:
     elif kind == "slice-timed":  # "slice-timed OUT GRAPH SANDBOX TIMELINE": a second pass's slice
         graph, sandbox, timeline = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), Path(timeline))
-    elif kind in ("emulate", "emulate-awake"):      # "emulate OUT GRAPH TIMELINE RANK"; -awake: cores the other way
+    elif kind in ("emulate", "emulate-awake", "emulate-pace"):
+        # "emulate OUT GRAPH TIMELINE RANK"; -awake: cores the other way; -pace: following the pace the other way
         graph, timeline, rank = rest
         if kind == "emulate-awake":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"awake_while_computing": not cfg.emulation.awake_while_computing})})
+        if kind == "emulate-pace":
+            cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
+                update={"follow_pace": not cfg.emulation.follow_pace})})
         emulate(_of_interest(cfg, int(rank)), Path(graph), Path(timeline), Path(out))
     elif kind in ("co-run", "co-run-other"):      # "co-run GRAPH OUT SANDBOX ...": the second word is the graph here
         if kind == "co-run-other":
@@ -577,6 +591,10 @@ def main() -> None:
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with its "
                              "assistant's cores kept awake while computing the other way "
                              "(emulation.awake_while_computing); printed after the table")
+    parser.add_argument("--other-pace", action="store_true",
+                        help="with --turns and the emulations: each emulation also runs, taking turns too, with its "
+                             "virtual ranks following the sandbox rank's pace the other way (emulation.follow_pace, "
+                             "replay/follow.py); printed after the table")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
     parser.add_argument("--keep", type=Path, help="copy the graph and each pair's runs (and with --turns their "
@@ -592,14 +610,15 @@ def main() -> None:
     if args.passes not in (1, 2) or (args.turns > 0 and args.passes == 2 and (args.other_join or args.other_awake)):
         parser.error("--passes takes 1 or 2 (with --turns, 2 not with --other-join or --other-awake)")
     if (args.join_late or args.other_join or args.other_corun or args.other_awake or args.other_cost
-            or args.other_spin) and args.turns <= 0:
-        parser.error("--join-late, --other-join, --other-corun, --other-awake, --other-cost and --other-spin run "
-                     "with --turns")
-    if (args.other_cost or args.other_spin) and args.no_emulate:
-        parser.error("--other-cost and --other-spin run the emulations a second way: not with --no-emulate")
+            or args.other_spin or args.other_pace) and args.turns <= 0:
+        parser.error("--join-late, --other-join, --other-corun, --other-awake, --other-cost, --other-spin and "
+                     "--other-pace run with --turns")
+    if (args.other_cost or args.other_spin or args.other_pace) and args.no_emulate:
+        parser.error("--other-cost, --other-spin and --other-pace run the emulations a second way: not with "
+                     "--no-emulate")
     if args.other_join + args.other_corun + args.other_awake > 1:
         parser.error("--other-join, --other-corun and --other-awake fill the same column: one at a time")
-    rows, costs, spins, replicas = [], [], [], []
+    rows, costs, spins, paces, replicas = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
             cfg = _load(name, args.steps, args.sandbox, args.neighbours)
@@ -629,6 +648,7 @@ def main() -> None:
                 pair.setdefault("pred2", float("nan"))
                 pair.setdefault("emul_nocost", float("nan"))
                 pair.setdefault("emul_spin", float("nan"))
+                pair.setdefault("emul_pace", float("nan"))
                 pair.setdefault("oracle2", float("nan"))
                 other = (_variant(cfg, graph, root, "other") if args.other_join or args.other_awake else
                          _variant(cfg, graph, root, "other-corun") if args.other_corun else None)
@@ -676,6 +696,9 @@ def main() -> None:
                 spins.append((cfg.name, statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul"])]),
                               statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul_spin"])]),
                               [b / a - 1 for a, b in zip(col["emul_real"], col["emul_spin"])]))
+            if args.other_pace:
+                paces.append((cfg.name, [b / a - 1 for a, b in zip(col["emul_real"], col["emul"])],
+                              [b / a - 1 for a, b in zip(col["emul_real"], col["emul_pace"])]))
             rows.append((cfg.name, r, p, e, er, f, u, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["selfcheck"])]), (max(real) - min(real)) / r,
                          _interval(real, col["pred"]), _interval(col["emul_real"], col["emul"]),
@@ -746,6 +769,14 @@ def main() -> None:
             print(f"{name}: emulated as configured {100 * default:+.2f}%, with the assistant's cores {way} "
                   f"{100 * other:+.2f}% pair-wise against the second record (its pairs: "
                   f"{', '.join(f'{100 * x:+.2f}' for x in pairs)}), in the same turns")
+    if paces:
+        way = ("without" if _load(args.config_name, args.steps, args.sandbox).emulation.follow_pace
+               else "with")
+        for name, default, other in paces:
+            print(f"{name}: emulated as configured {100 * statistics.median(default):+.2f}% (pairs "
+                  f"{', '.join(f'{100 * x:+.2f}' for x in default)}), {way} following the sandbox rank's pace "
+                  f"{100 * statistics.median(other):+.2f}% (pairs {', '.join(f'{100 * x:+.2f}' for x in other)}) "
+                  "pair-wise against the second record, in the same turns")
     if args.passes == 2 and args.turns > 0:
         print("2nd pass: each pair's prediction from slices replaying the first pass's timeline and loaded runs of "
               "their own, taking turns with the second record, against that record (pair-wise median); 2nd real "

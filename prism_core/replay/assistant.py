@@ -265,6 +265,7 @@ class Assistant:
         self.pacer = pacer        # co-run: virtual ranks another member runs for real keep to them (pacing.py)
         self.late_join = late_join    # plain slice: a collective goes on the wire once a sandbox member issued it
         self.stopped = None       # timed mode, launch stopped from outside: its stopped time (stopped.py)
+        self.follow = None        # timed mode, `--follow-pace`: the sandbox ranks' pace (follow.py)
         self._slipped = self._stop_base = 0.0    # stopped seconds seen in all, and when the replay began
         self.spin = spin if spin is not None else CoreSpin([])   # timed: its cores awake while virtual ranks compute
 
@@ -381,7 +382,7 @@ class Assistant:
                         i += 1
                         if span is not None:                          # timed: the node takes its time
                             self._woken.pop(r, None)                  # not followed by an op at once
-                            self.clock[r] += span[i - 1]
+                            self.clock[r] += span[i - 1] if self.follow is None else span[i - 1] * self.follow.factor()
                             self._slip()
                             if self.clock[r] - self.lead > time.perf_counter():
                                 self._at(self.clock[r] - self.lead, r)
@@ -1030,7 +1031,7 @@ def load_timing(path: Path) -> ReplayTiming:
 
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
-                  join_late: bool = False, awake_fds: list[int] | None = None) -> None:
+                  join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None) -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1039,7 +1040,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     to (nudged on the abstract socket `pace_socket`; replay/pacing.py). `join_late`: a plain
     slice whose virtual members of collectives go on the wire once a sandbox member has issued the
     op (the sandbox ranks nudge `pace_socket`). `awake_fds`: timed, the pipes to the spins on this
-    assistant's cores, which run while its virtual ranks compute (replay/awake.py).
+    assistant's cores, which run while its virtual ranks compute (replay/awake.py). `follow_pace`:
+    timed, the virtual ranks' compute follows the sandbox ranks' pace after that many warm-up
+    steps (replay/follow.py); None: it does not.
     """
     import torch
     import torch.distributed as dist
@@ -1074,6 +1077,13 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         from prism_core.replay.stopped import StoppedTime
 
         assistant.stopped = StoppedTime.from_env()
+        if follow_pace is not None:
+            from prism_core.replay.follow import PaceFollower, reference_compute
+
+            assistant.follow = PaceFollower(
+                {r: Path(result_dir) / "flight" / f"{r}.bin" for r in sandbox},
+                {r: reference_compute(trace.rank(r)["kind"], trace.rank(r)["step"], model.span[trace.rank_slice(r)],
+                                      follow_pace) for r in sandbox})
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)
@@ -1098,6 +1108,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "paced_waits": pacer.waits if pacer else 0, "paced_wait_s": pacer.waited_s if pacer else 0.0,
         "late_join": late_join is not None, "late_join_waits": late_join.waits if late_join else 0,
         "late_join_wait_s": late_join.waited_s if late_join else 0.0,
+        "follow_pace": assistant.follow.stats() if assistant.follow is not None else None,
         "stopped_s": assistant._slipped - assistant._stop_base,     # the schedule moved by it
         "inputs_streamed": assistant.inputs.streamed, "inputs_read_on_demand": assistant.inputs.on_demand,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
@@ -1130,6 +1141,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--awake-fds", default="", metavar="FD[,FD]",
                         help="timed: pipes to the spins on this assistant's cores (launch/neighbour_load.py "
                              "--control); they run while its virtual ranks compute")
+    parser.add_argument("--follow-pace", type=int, default=None, metavar="WARMUP",
+                        help="timed: the virtual ranks' compute follows the sandbox ranks' pace after WARMUP steps "
+                             "(replay/follow.py)")
     ns = parser.parse_args(argv)
     if (ns.pace or ns.join_late) and not ns.pace_socket:
         parser.error("--pace and --join-late need --pace-socket")
@@ -1144,7 +1158,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
                       ns.timing, pace, ns.pace_socket, ns.join_late,
-                      [int(fd) for fd in ns.awake_fds.split(",") if fd])
+                      [int(fd) for fd in ns.awake_fds.split(",") if fd], ns.follow_pace)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

@@ -173,6 +173,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--cache", str(graph_dir / CACHE_NAME)]
     if timing is not None:
         helper += ["--timing", str(timing)]
+        if cfg.emulation.follow_pace:
+            helper += ["--follow-pace", str(cfg.job.warmup)]
     if join_late:
         name = socket_name(out_dir)
         helper += ["--pace-socket", name, "--join-late"]

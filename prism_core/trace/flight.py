@@ -7,7 +7,8 @@ update is one slice store into the map, no system call. When a job hangs or fail
 reads every rank's record to name who waits in which op and to spot mismatched collectives.
 The record also counts the rank's nodes up to its latest op issued, which the other members of
 a co-run keep their virtual copy of this rank to (`replay/pacing.py`; only there is a nudge
-sent, one datagram per op).
+sent, one datagram per op), and the time it has spent in compute, which a timed replay can
+follow (`replay/follow.py`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from prism_core.trace.schema import OPS
 
 IDLE, ISSUING, WAITING = 0, 1, 2
 _STATE_NAMES = {ISSUING: "is issuing", WAITING: "waits in"}
-_FIELDS = 8  # state, op, group, seq, bytes, peer, optimizer steps done, nodes up to the latest op issued
+# state, op, group, seq, bytes, peer, optimizer steps done, nodes up to the latest op issued,
+# nodes up to the latest compute node closed, ns spent in compute nodes so far
+_FIELDS = 10
 ISSUED_FIELD = 7
+COMPUTED_FIELD, COMPUTE_NS_FIELD = 8, 9
 
 
 class Flight:
@@ -31,7 +35,7 @@ class Flight:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory, self.rank = directory, rank
         self.mm = np.memmap(directory / f"{rank}.bin", dtype=np.int64, mode="w+", shape=(_FIELDS,))
-        self.mm[:] = (IDLE, 0, -1, -1, 0, -1, 0, 0)
+        self.mm[:] = (IDLE, 0, -1, -1, 0, -1, 0, 0, 0, 0)
         self.nudger = nudger   # replay.pacing.Nudger: the co-run members that keep a virtual rank to this one
 
     def issued(self, node: int) -> None:
@@ -39,6 +43,13 @@ class Flight:
         self.mm[ISSUED_FIELD] = node + 1
         if self.nudger is not None:
             self.nudger.nudge()
+
+    def computed(self, nodes: int, ns: int) -> None:
+        """The rank has closed its compute nodes up to node index `nodes` - 1, `ns` of compute in all:
+        read by a timed replay that follows this rank's pace (replay/follow.py). The time goes in
+        before the count, so a reader never counts a node whose time is missing."""
+        self.mm[COMPUTE_NS_FIELD] = ns
+        self.mm[COMPUTED_FIELD] = nodes
 
     def set(self, state: int, op: int, group: int, seq: int, nbytes: int, peer: int) -> None:
         self.mm[:6] = (state, op, group, seq, nbytes, peer)
@@ -63,7 +74,7 @@ def read_flights(directory: Path, world_size: int) -> dict[int, dict]:
     for rank in range(world_size):
         path = directory / f"{rank}.bin"
         try:
-            state, op, group, seq, nbytes, peer, _, _ = (int(v) for v in np.fromfile(path, dtype=np.int64,
+            state, op, group, seq, nbytes, peer, *_ = (int(v) for v in np.fromfile(path, dtype=np.int64,
                                                                                   count=_FIELDS))
             groups = json.loads((directory / f"{rank}.groups.json").read_text())
         except (OSError, ValueError):

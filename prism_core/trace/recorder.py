@@ -50,6 +50,7 @@ class Recorder:
         self.memory = None   # object with peak_bytes() / reset_peak() / current_bytes(), when memory is tracked
         self.live: list[tuple[int, int]] = []   # (compute node, live tensor bytes at its end): the memory plot
         self.flight = None   # trace.flight.Flight, when the launcher watches this rank
+        self._compute_ns = 0   # time in compute nodes so far, for the flight record
         self._delay = RunDelay.of_this_thread()     # the thread that starts the recorder runs the program
         self._delay_mark = self._delay.read() if self._delay is not None else 0
         self._own = OwnThreads() if self._delay is not None else None
@@ -65,6 +66,9 @@ class Recorder:
     def _close_compute(self, now: float) -> None:
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, 0, 0, self._mark, now])
+        if self.flight is not None:
+            self._compute_ns += int((now - self._mark) * 1e9)
+            self.flight.computed(len(self.rows), self._compute_ns)
         if self.memory is not None:
             self.live.append((len(self.rows) - 1, self.memory.current_bytes()))
         if self._delay is not None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from prism_core.trace.flight import IDLE, ISSUING, WAITING, Flight, explain, read_flights, read_issued, read_steps
+import time
+
+from prism_core.trace.flight import (COMPUTE_NS_FIELD, COMPUTED_FIELD, IDLE, ISSUING, WAITING, Flight, explain,
+                                     read_flights, read_issued, read_steps)
 from prism_core.trace.recorder import Recorder
 from prism_core.trace.schema import OP_CODE
 
@@ -97,3 +100,16 @@ def test_nodes_issued_are_read_from_outside(tmp_path):
     b.issued(0)
     assert read_issued(tmp_path, [0, 1]) == {0: 42, 1: 1}
     assert read_steps(tmp_path, [0]) == {0: 2}
+
+
+def test_recorder_publishes_its_compute_time(tmp_path):
+    rec = Recorder(0)
+    rec.flight = Flight(tmp_path, 0)
+    rec.push("forward", 0, -1)              # closes the compute before it: node 0
+    time.sleep(0.02)
+    idx = rec.issue("allreduce", "world", (0, 1), -1, 8, "float32")     # closes node 1 (20 ms), issues node 2
+    rec.issued(idx)
+    nodes, ns = int(rec.flight.mm[COMPUTED_FIELD]), int(rec.flight.mm[COMPUTE_NS_FIELD])
+    assert nodes == 2 == idx
+    rows = rec.rows[:2]
+    assert ns == sum(int((r[-1] - r[-2]) * 1e9) for r in rows) and ns >= 20_000_000

@@ -1,0 +1,105 @@
+"""Following the sandbox ranks' pace: a timed replay scales its virtual ranks' compute by how fast
+the sandbox ranks compute now against how fast they computed when they were timed.
+
+The calibrated timeline is timed in the slices, minutes before an emulation runs. On a host whose
+speed moves between the two, a rank of interest computes at the speed of the moment while its
+virtual peers replay the speed of the timing (bench/fidelity.py: the emulated error goes with how
+far the machine moved in between). With `emulation.follow_pace` the assistant reads each sandbox
+rank's flight record (nodes closed, nanoseconds of compute so far: trace/flight.py) and compares
+its compute over about its last step with the calibrated spans of the same nodes; each virtual
+compute node then takes its calibrated span times that pace. The calibrated spans are the loaded
+runs' (a neighbour computing beside the rank), and an emulation's rank, its assistant's cores
+kept awake while the virtual ranks compute (replay/awake.py), computes as a record's rank does
+(bench/fidelity.py's kept runs of 2026-12-04: 0.995-0.998 of the record taking turns with it,
+median over the pairs, every W=2 config), so on a machine that did not move the pace is the
+loaded runs' own error against the real run, which following it takes out too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from prism_core.trace.flight import COMPUTE_NS_FIELD, COMPUTED_FIELD
+from prism_core.trace.schema import COMPUTE
+
+CLIP = (0.5, 2.0)    # a pace outside this is a stall or a start-up, not the host's speed
+EVERY_S = 2e-3       # the flight records are read at most this often
+
+
+def reference_compute(kind: np.ndarray, step: np.ndarray, span: np.ndarray,
+                      warmup: int = 0) -> tuple[np.ndarray, float, int]:
+    """One rank's reference: the cumulative calibrated compute before each node (length nodes + 1),
+    the window to compare over (its calibrated compute per step after `warmup`), and the node the
+    comparison starts at (the first after the warm-up steps, whose start-up compute is no pace)."""
+    ref = np.where(kind == COMPUTE, span, 0.0)
+    cum = np.concatenate([[0.0], np.cumsum(ref)])
+    measured = np.nonzero(step >= warmup)[0]
+    if not len(measured):
+        return cum, 0.0, len(kind)
+    start = int(measured[0])
+    steps = int(step.max()) + 1 - warmup
+    return cum, float(cum[-1] - cum[start]) / steps, start
+
+
+class PaceFollower:
+    """`flights`: sandbox rank -> its flight record; `reference`: sandbox rank -> (cumulative
+    reference compute per node count, window in reference seconds, first node compared), from
+    `reference_compute`."""
+
+    def __init__(self, flights: dict[int, Path], reference: dict[int, tuple[np.ndarray, float, int]]):
+        self.flights, self.reference = flights, reference
+        self.maps: dict[int, np.memmap] = {}
+        self.history: dict[int, deque] = {r: deque() for r in flights}
+        self.pace, self._read_at = 1.0, -np.inf
+        self.paces: list[float] = []      # each new pace, for the run's stats
+
+    def _map(self, rank: int):
+        mm = self.maps.get(rank)
+        if mm is None:
+            try:
+                mm = self.maps[rank] = np.memmap(self.flights[rank], dtype=np.int64, mode="r")
+            except (OSError, ValueError):     # the rank has not started its record yet
+                return None
+        return mm if len(mm) > COMPUTE_NS_FIELD else None
+
+    def factor(self) -> float:
+        """The pace now: the sandbox ranks' compute over about their last step against the reference
+        for the same nodes (1 until a whole window has been seen)."""
+        now = time.perf_counter()
+        if now - self._read_at < EVERY_S:
+            return self.pace
+        self._read_at = now
+        live = ref = 0.0
+        for rank, history in self.history.items():
+            mm = self._map(rank)
+            if mm is None:
+                continue
+            ns, nodes = int(mm[COMPUTE_NS_FIELD]), int(mm[COMPUTED_FIELD])
+            cum, window, start = self.reference[rank]
+            if nodes < start:
+                continue
+            at = float(cum[min(nodes, len(cum) - 1)])
+            if not history or history[-1][0] != nodes:
+                history.append((nodes, ns * 1e-9, at))
+            # the oldest sample kept is the newest one a whole window back
+            while len(history) > 2 and at - history[1][2] >= window:
+                history.popleft()
+            first = history[0]
+            if at - first[2] >= window > 0:
+                live += history[-1][1] - first[1]
+                ref += at - first[2]
+        if ref > 0:
+            pace = min(max(live / ref, CLIP[0]), CLIP[1])
+            if pace != self.pace:
+                self.paces.append(pace)
+            self.pace = pace
+        return self.pace
+
+    def stats(self) -> dict:
+        p = np.asarray(self.paces)
+        return {"updates": len(p), "median": float(np.median(p)) if len(p) else None,
+                "min": float(p.min()) if len(p) else None, "max": float(p.max()) if len(p) else None}

@@ -1,0 +1,63 @@
+"""Following the sandbox ranks' pace: the factor a timed replay puts on its virtual ranks' compute."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from prism_core.replay import follow
+from prism_core.replay.follow import PaceFollower, reference_compute
+from prism_core.trace.flight import Flight
+from prism_core.trace.schema import COMM, COMPUTE
+
+# one rank, two steps of (compute 10 ms, all-reduce, compute 30 ms), as timed in the loaded run
+KIND = np.array([COMPUTE, COMM, COMPUTE, COMPUTE, COMM, COMPUTE])
+STEP = np.array([0, 0, 0, 1, 1, 1])
+SPAN = np.array([0.010, 0.0, 0.030, 0.010, 0.0, 0.030])
+
+
+@pytest.fixture(autouse=True)
+def _read_every_call(monkeypatch):
+    monkeypatch.setattr(follow, "EVERY_S", 0.0)
+
+
+def test_reference_is_the_calibrated_compute_per_step():
+    cum, window, start = reference_compute(KIND, STEP, SPAN)
+    assert cum == pytest.approx([0, 0.010, 0.010, 0.040, 0.050, 0.050, 0.080])
+    assert window == pytest.approx(0.040) and start == 0          # per step
+
+
+def test_warm_up_steps_are_left_out(tmp_path):
+    cum, window, start = reference_compute(KIND, STEP, SPAN, warmup=1)
+    assert start == 3 and window == pytest.approx(0.040)
+    flight = Flight(tmp_path, 0)
+    f = PaceFollower({0: tmp_path / "0.bin"}, {0: (cum, 0.030, start)})
+    flight.computed(3, 900_000_000)                 # start-up: 0.9 s of compute in step 0
+    assert f.factor() == 1.0
+    flight.computed(4, 920_000_000)                 # node 3: 20 ms against 10
+    flight.computed(6, 980_000_000)                 # node 5: 60 ms against 30
+    assert f.factor() == pytest.approx(2.0)
+
+
+def test_pace_is_one_until_a_window_is_seen_then_the_ratio_to_the_reference(tmp_path):
+    flight = Flight(tmp_path, 0)
+    f = PaceFollower({0: tmp_path / "0.bin"}, {0: reference_compute(KIND, STEP, SPAN)})
+    assert f.factor() == 1.0                        # nothing closed yet
+    flight.computed(1, 15_000_000)                  # node 0 took 15 ms against 10
+    assert f.factor() == 1.0                        # less than a step's reference seen
+    flight.computed(3, 60_000_000)                  # node 2: 45 ms against 30
+    assert f.factor() == pytest.approx(1.5)
+    flight.computed(4, 65_000_000)                  # node 3: 5 ms against 10 - the window slides past node 0
+    assert f.factor() == pytest.approx((0.045 + 0.005) / 0.040)
+    assert f.stats()["updates"] == 2
+
+
+def test_pace_is_clipped_and_missing_records_are_skipped(tmp_path):
+    flight = Flight(tmp_path, 0)
+    f = PaceFollower({0: tmp_path / "0.bin", 1: tmp_path / "1.bin"},   # rank 1 never starts its record
+                     {r: reference_compute(KIND, STEP, SPAN) for r in (0, 1)})
+    flight.computed(1, 0)
+    assert f.factor() == 1.0
+    flight.computed(4, 400_000_000)                 # a stall: 10x the reference
+    assert f.factor() == follow.CLIP[1]
+
