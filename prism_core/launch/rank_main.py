@@ -121,11 +121,13 @@ def _instrument(rank: int, result_dir: Path, rt, transport=None):
     """The prism backend with a trace recorder and flight record, and (record mode) the memory counter."""
     from prism_core import backend
     from prism_core.replay.pacing import Nudger
+    from prism_core.replay.stopped import StoppedTime
     from prism_core.trace import recorder
     from prism_core.trace.flight import Flight
 
     rec = recorder.start(rank)
     rec.flight = Flight(result_dir / "flight", rank, Nudger.from_env())
+    rec.stopped = StoppedTime.from_env()      # a launch held stopped from outside (bench/turns.py)
     if os.environ.get(ENV_MEMORY) == "1":
         from prism_core import memory
 

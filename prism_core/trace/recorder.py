@@ -51,6 +51,10 @@ class Recorder:
         self.live: list[tuple[int, int]] = []   # (compute node, live tensor bytes at its end): the memory plot
         self.flight = None   # trace.flight.Flight, when the launcher watches this rank
         self._compute_ns = 0   # time in compute nodes so far, for the flight record
+        # a launch held stopped from outside (replay/stopped.py): its stopped seconds so far, which
+        # the compute time in the flight record leaves out
+        self.stopped = None
+        self._stop_mark = 0.0
         self._delay = RunDelay.of_this_thread()     # the thread that starts the recorder runs the program
         self._delay_mark = self._delay.read() if self._delay is not None else 0
         self._own = OwnThreads() if self._delay is not None else None
@@ -67,7 +71,11 @@ class Recorder:
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, 0, 0, self._mark, now])
         if self.flight is not None:
-            self._compute_ns += int((now - self._mark) * 1e9)
+            held = 0.0
+            if self.stopped is not None:
+                total = self.stopped.total()
+                held, self._stop_mark = total - self._stop_mark, total
+            self._compute_ns += max(int((now - self._mark - held) * 1e9), 0)
             self.flight.computed(len(self.rows), self._compute_ns)
         if self.memory is not None:
             self.live.append((len(self.rows) - 1, self.memory.current_bytes()))
@@ -84,6 +92,8 @@ class Recorder:
     def _compute_from(self, now: float) -> None:
         """Compute starts again at `now` (an op was issued, or a wait ended)."""
         self._mark = now
+        if self.stopped is not None:
+            self._stop_mark = self.stopped.total()
         if self._delay is not None:
             self._delay_mark, self._own_mark = self._delay.read(), self._own.read()
             if self._helper is not None:

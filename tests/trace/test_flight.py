@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from prism_core.replay.stopped import StoppedTime, StoppedWriter
 from prism_core.trace.flight import (COMPUTE_NS_FIELD, COMPUTED_FIELD, IDLE, ISSUING, WAITING, Flight, explain,
                                      read_flights, read_issued, read_steps)
 from prism_core.trace.recorder import Recorder
@@ -113,3 +116,24 @@ def test_recorder_publishes_its_compute_time(tmp_path):
     assert nodes == 2 == idx
     rows = rec.rows[:2]
     assert ns == sum(int((r[-1] - r[-2]) * 1e9) for r in rows) and ns >= 20_000_000
+
+
+def test_compute_time_leaves_out_the_launch_s_stopped_time(tmp_path):
+    writer = StoppedWriter(tmp_path / "stopped")
+    rec = Recorder(0)
+    rec.flight, rec.stopped = Flight(tmp_path, 0), StoppedTime(tmp_path / "stopped")
+    idx = rec.issue("allreduce", "world", (0, 1), -1, 8, "float32")
+    rec.issued(idx)
+    before = int(rec.flight.mm[COMPUTE_NS_FIELD])
+    time.sleep(0.03)
+    writer.set(0.02)                        # 20 ms of that compute the launch was held stopped
+    rec.push("backward", 0, -1)
+    span = rec.rows[-1][-1] - rec.rows[-1][-2]
+    assert int(rec.flight.mm[COMPUTE_NS_FIELD]) - before == pytest.approx((span - 0.02) * 1e9, abs=2)
+    writer.set(0.05)                        # a stop while it waited in a collective: not compute
+    idx = rec.issue("allreduce", "world", (0, 1), -1, 8, "float32")
+    rec.issued(idx)
+    before = int(rec.flight.mm[COMPUTE_NS_FIELD])
+    rec.push("forward", 0, -1)
+    assert int(rec.flight.mm[COMPUTE_NS_FIELD]) - before == pytest.approx(
+        (rec.rows[-1][-1] - rec.rows[-1][-2]) * 1e9, abs=2)
