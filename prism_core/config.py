@@ -113,9 +113,9 @@ class EmulationConfig(_Strict):
                                                "the other ranks' cores compute, and a core that idled milliseconds "
                                                "wakes late on a machine whose idle cores halt")
     follow_pace: bool = Field(False, description="a timed run (an emulation) scales its virtual ranks' compute by "
-                                                 "the pace its sandbox ranks compute at against their plain slices, "
-                                                 "so that a host whose speed moved since the timing moves them too "
-                                                 "(replay/follow.py)")
+                                                 "the pace its sandbox ranks compute at against their calibrated "
+                                                 "spans, so that a host whose speed moved since the timing moves them "
+                                                 "too (replay/follow.py)")
     awake_while_computing: bool = Field(True, description="a timed run placed alone (an emulation, a second timing "
                                                           "pass) keeps its assistant's cores awake while its virtual "
                                                           "ranks compute and lets them idle while they wait for the "

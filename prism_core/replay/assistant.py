@@ -1080,10 +1080,11 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         if follow_pace is not None:
             from prism_core.replay.follow import PaceFollower, reference_compute
 
-            assistant.follow = PaceFollower(
-                {r: Path(result_dir) / "flight" / f"{r}.bin" for r in sandbox},
-                {r: reference_compute(trace.rank(r)["kind"], trace.rank(r)["step"], model.span[trace.rank_slice(r)],
-                                      follow_pace) for r in sandbox})
+            reference = {}
+            for r in sandbox:
+                cols = trace.rank(r)
+                reference[r] = reference_compute(cols["kind"], cols["step"], model.span[trace.rank_slice(r)], follow_pace)
+            assistant.follow = PaceFollower({r: Path(result_dir) / "flight" / f"{r}.bin" for r in sandbox}, reference)
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)

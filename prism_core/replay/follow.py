@@ -78,7 +78,8 @@ class PaceFollower:
             mm = self._map(rank)
             if mm is None:
                 continue
-            ns, nodes = int(mm[COMPUTE_NS_FIELD]), int(mm[COMPUTED_FIELD])
+            nodes = int(mm[COMPUTED_FIELD])        # the count first: the writer stores the time before it
+            ns = int(mm[COMPUTE_NS_FIELD])
             cum, window, start = self.reference[rank]
             if nodes < start:
                 continue
