@@ -55,9 +55,20 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
         key = slice_key(graph_key, cfg, s)
         loaded = root / f"loaded_{i}_{key}_{_load_kind(cfg)}" if load else None
         replicas = [[copies[r][j] for r in s] for j in range(1, orders) if all(len(copies[r]) > j for r in s)]
-        awake = "_awake" if awake_setting(cfg, timing is not None) else ""   # a changed setting runs them afresh
-        jobs.append(SliceJob(i, s, base / f"slice_{i}_{key}{awake}", loaded, replicas))
+        jobs.append(SliceJob(i, s, base / f"slice_{i}_{key}{_timed_kind(cfg, timing is not None)}", loaded, replicas))
     return plan, jobs
+
+
+def _timed_kind(cfg: PrismConfig, timed: bool) -> str:
+    """The settings a slice's spans depend on beyond its key, in its directory's name, so that a
+    changed setting runs it afresh: its assistant's cores kept awake and, in a timed slice (a
+    second pass), the load computing there and the virtual ranks following the pace."""
+    kind = "_awake" if awake_setting(cfg, timed) else ""
+    if timed and kind and cfg.emulation.load_while_computing:
+        kind += "_load"
+    if timed and cfg.emulation.follow_pace:
+        kind += "_pace"
+    return kind
 
 
 def replica_dir(loaded: Path, order: int) -> Path:

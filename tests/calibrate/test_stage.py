@@ -1,10 +1,16 @@
-"""Stage 2's packing of the slices' loaded runs into co-runs that fill the machine's cores."""
+"""Stage 2's packing of the slices' loaded runs into co-runs that fill the machine's cores; the
+settings a slice's directory names."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prism_core.calibrate.stage import SliceJob, co_runs, replica_runs
+import pytest
+
+from prism_core.calibrate.stage import SliceJob, _timed_kind, co_runs, replica_runs
+from prism_core.config import load_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _jobs(n: int, sandbox: int = 1) -> list[SliceJob]:
@@ -47,3 +53,17 @@ def test_a_short_co_run_is_filled_with_the_slices_dp_replicas_before_twins():
     groups = co_runs(jobs, cores=2, sandbox=1)
     assert [[(sb, d.name) for sb, d in g] for g in groups] == [[([0], "loaded_0"), ([1], "loaded_1")],
                                                                [([2], "loaded_2"), ([3], "loaded_0_replica1")]]
+
+
+@pytest.mark.parametrize("timed, settings, kind", [
+    (False, [], "_awake"),
+    (False, ["emulation.keep_awake=false"], ""),
+    (False, ["emulation.load_while_computing=true", "emulation.follow_pace=true"], "_awake"),  # not a timed slice's
+    (True, [], "_awake"),
+    (True, ["emulation.load_while_computing=true"], "_awake_load"),
+    (True, ["emulation.awake_while_computing=false", "emulation.load_while_computing=true"], ""),
+    (True, ["emulation.follow_pace=true"], "_awake_pace"),
+])
+def test_a_slice_directory_names_the_settings_its_spans_depend_on(timed, settings, kind):
+    cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", settings)
+    assert _timed_kind(cfg, timed) == kind
