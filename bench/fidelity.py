@@ -343,11 +343,6 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
             for r in range(world):
                 runs.append((["emulate-pace", str(root / f"emulate_{r}_pace"), str(graph.directory), str(timeline),
                               str(r)], [(root / f"emulate_{r}_pace", [r])]))
-        if args.other_load:
-            kind = "emulate-pace-load" if args.other_pace else "emulate-load"
-            for r in range(world):
-                runs.append(([kind, str(root / f"emulate_{r}_load"), str(graph.directory), str(timeline), str(r)],
-                             [(root / f"emulate_{r}_load", [r])]))
     if args.passes == 2:
         plan2, jobs2 = _second_pass_jobs(cfg, graph, root)
         runs += _slice_runs(cfg, graph, jobs2, args, _first_timeline(root))
@@ -368,9 +363,6 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
                                                for r in range(world))
         if args.other_pace:
             out["emul_pace"] = statistics.mean(_rank_figure(root / f"emulate_{r}_pace", r, warmup)
-                                               for r in range(world))
-        if args.other_load:
-            out["emul_load"] = statistics.mean(_rank_figure(root / f"emulate_{r}_load", r, warmup)
                                                for r in range(world))
     if args.passes == 2:
         doc, _ = calibrate_pass(cfg, graph.trace, plan2, jobs2, root / "calibrate2", 1)
@@ -545,17 +537,13 @@ def _launch(args) -> None:
     elif kind == "slice-timed":  # "slice-timed OUT GRAPH SANDBOX TIMELINE": a second pass's slice
         graph, sandbox, timeline = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), Path(timeline))
-    elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-load", "emulate-pace-load"):
-        # "emulate OUT GRAPH TIMELINE RANK"; -awake: cores the other way; -pace: following the pace the other way;
-        # -load: the assistant's cores computing the neighbour load while its virtual ranks compute, the other way
+    elif kind in ("emulate", "emulate-awake", "emulate-pace"):
+        # "emulate OUT GRAPH TIMELINE RANK"; -awake: cores the other way; -pace: following the pace the other way
         graph, timeline, rank = rest
-        if kind.endswith("-load"):
-            cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
-                update={"load_while_computing": not cfg.emulation.load_while_computing})})
         if kind == "emulate-awake":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"awake_while_computing": not cfg.emulation.awake_while_computing})})
-        if kind in ("emulate-pace", "emulate-pace-load"):
+        if kind == "emulate-pace":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"follow_pace": not cfg.emulation.follow_pace})})
         emulate(_of_interest(cfg, int(rank)), Path(graph), Path(timeline), Path(out))
@@ -607,11 +595,6 @@ def main() -> None:
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with its "
                              "virtual ranks following the sandbox rank's pace the other way (emulation.follow_pace, "
                              "replay/follow.py); printed after the table")
-    parser.add_argument("--other-load", action="store_true",
-                        help="with --turns and the emulations: each emulation also runs, taking turns too, with its "
-                             "assistant's cores computing the stand-in neighbour load while its virtual ranks compute "
-                             "the other way (emulation.load_while_computing), and with --other-pace following the "
-                             "pace the other way too; printed after the table")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
     parser.add_argument("--keep", type=Path, help="copy the graph and each pair's runs (and with --turns their "
@@ -627,15 +610,15 @@ def main() -> None:
     if args.passes not in (1, 2) or (args.turns > 0 and args.passes == 2 and (args.other_join or args.other_awake)):
         parser.error("--passes takes 1 or 2 (with --turns, 2 not with --other-join or --other-awake)")
     if (args.join_late or args.other_join or args.other_corun or args.other_awake or args.other_cost
-            or args.other_spin or args.other_pace or args.other_load) and args.turns <= 0:
-        parser.error("--join-late, --other-join, --other-corun, --other-awake, --other-cost, --other-spin, "
-                     "--other-pace and --other-load run with --turns")
-    if (args.other_cost or args.other_spin or args.other_pace or args.other_load) and args.no_emulate:
-        parser.error("--other-cost, --other-spin, --other-pace and --other-load run the emulations a second way: "
-                     "not with --no-emulate")
+            or args.other_spin or args.other_pace) and args.turns <= 0:
+        parser.error("--join-late, --other-join, --other-corun, --other-awake, --other-cost, --other-spin and "
+                     "--other-pace run with --turns")
+    if (args.other_cost or args.other_spin or args.other_pace) and args.no_emulate:
+        parser.error("--other-cost, --other-spin and --other-pace run the emulations a second way: not with "
+                     "--no-emulate")
     if args.other_join + args.other_corun + args.other_awake > 1:
         parser.error("--other-join, --other-corun and --other-awake fill the same column: one at a time")
-    rows, costs, spins, paces, loads, replicas = [], [], [], [], [], []
+    rows, costs, spins, paces, replicas = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
             cfg = _load(name, args.steps, args.sandbox, args.neighbours)
@@ -666,7 +649,6 @@ def main() -> None:
                 pair.setdefault("emul_nocost", float("nan"))
                 pair.setdefault("emul_spin", float("nan"))
                 pair.setdefault("emul_pace", float("nan"))
-                pair.setdefault("emul_load", float("nan"))
                 pair.setdefault("oracle2", float("nan"))
                 other = (_variant(cfg, graph, root, "other") if args.other_join or args.other_awake else
                          _variant(cfg, graph, root, "other-corun") if args.other_corun else None)
@@ -717,8 +699,6 @@ def main() -> None:
             if args.other_pace:
                 paces.append((cfg.name, [b / a - 1 for a, b in zip(col["emul_real"], col["emul"])],
                               [b / a - 1 for a, b in zip(col["emul_real"], col["emul_pace"])]))
-            if args.other_load:
-                loads.append((cfg.name, [b / a - 1 for a, b in zip(col["emul_real"], col["emul_load"])]))
             rows.append((cfg.name, r, p, e, er, f, u, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["selfcheck"])]), (max(real) - min(real)) / r,
                          _interval(real, col["pred"]), _interval(col["emul_real"], col["emul"]),
@@ -797,15 +777,6 @@ def main() -> None:
                   f"{', '.join(f'{100 * x:+.2f}' for x in default)}), {way} following the sandbox rank's pace "
                   f"{100 * statistics.median(other):+.2f}% (pairs {', '.join(f'{100 * x:+.2f}' for x in other)}) "
                   "pair-wise against the second record, in the same turns")
-    if loads:
-        emu = _load(args.config_name, args.steps, args.sandbox).emulation
-        way = ("without" if emu.load_while_computing else "with") + " the neighbour load while computing"
-        if args.other_pace:
-            way += (", without" if emu.follow_pace else ", with") + " following the pace"
-        for name, other in loads:
-            print(f"{name}: emulated {way} {100 * statistics.median(other):+.2f}% (pairs "
-                  f"{', '.join(f'{100 * x:+.2f}' for x in other)}) pair-wise against the second record, in the same "
-                  "turns")
     if args.passes == 2 and args.turns > 0:
         print("2nd pass: each pair's prediction from slices replaying the first pass's timeline and loaded runs of "
               "their own, taking turns with the second record, against that record (pair-wise median); 2nd real "

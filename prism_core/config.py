@@ -120,10 +120,6 @@ class EmulationConfig(_Strict):
                                                           "pass) keeps its assistant's cores awake while its virtual "
                                                           "ranks compute and lets them idle while they wait for the "
                                                           "wire, as a real rank's core (replay/awake.py)")
-    load_while_computing: bool = Field(False, description="with awake_while_computing: the assistant's cores run the "
-                                                          "stand-in neighbour load (launch/neighbour_load.py) while its "
-                                                          "virtual ranks compute, not a bare spin: in the job a rank's "
-                                                          "neighbours compute beside it, sharing its caches and memory")
     neighbours: Literal["co_run", "stand_in"] = Field(
         "co_run", description="what computes beside a slice's loaded run: co_run, other slices of the job run "
                               "at once on the other cores (replay/slices.py); stand_in, a small MLP load on the "

@@ -67,7 +67,6 @@ class LaunchSpec:
     job_cores: bool = False  # bound alone: each started rank on the core it holds in the whole job (`place`)
     keep_awake: bool = False  # bound, with a helper, alone: a spin keeps the helper's cores awake (neighbour_load.py)
     awake_by_helper: bool = False  # with keep_awake: the helper turns the spins on and off (replay/awake.py)
-    awake_computes: bool = False  # with awake_by_helper: while on, the spins compute the neighbour load
     stop: threading.Event | None = None  # set from outside: the job is killed and `LaunchStopped` raised
 
     @property
@@ -226,8 +225,7 @@ class _Job:
             self.loads.append(self._spawn(cmd, env, f"neighbour_load_{core}.log"))
         for core in awake:
             control = ["--control", str(pipes[core][0])] if core in pipes else []
-            what = [] if control and self.spec.awake_computes else ["--awake"]
-            spin = self._spawn([*cmd, *what, *control], {**os.environ, ENV_CPUS: str(core)},
+            spin = self._spawn([*cmd, "--awake", *control], {**os.environ, ENV_CPUS: str(core)},
                                f"keep_awake_{core}.log", pass_fds=(pipes[core][0],) if core in pipes else ())
             self.spins.append(spin)
             keep_awake(core, spin.terminate)    # a rank of a later launch placed there stops it

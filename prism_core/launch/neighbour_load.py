@@ -31,12 +31,9 @@ later; a busy loop without the yields held it for the scheduler's tick (2.5 ms a
 With `--awake --control FD` the spin runs only while the assistant says so on the pipe FD (b"1"
 on, b"0" off; its end closed: leave), and blocks on the pipe otherwise, so the core halts: a timed
 assistant keeps its cores awake while its virtual ranks compute and lets them idle while they
-wait for the wire, as a real rank's core does (replay/awake.py). With `--control FD` alone the
-load computes while the assistant says so (`emulation.load_while_computing`): the assistant's
-virtual ranks then compute beside the sandbox rank as a neighbour in the job does, sharing its
-caches and memory, where a bare spin shares nothing.
+wait for the wire, as a real rank's core does (replay/awake.py).
 
-    python -m prism_core.launch.neighbour_load --seconds S --parent PID [--awake] [--control FD]
+    python -m prism_core.launch.neighbour_load --seconds S --parent PID [--awake [--control FD]]
 """
 
 from __future__ import annotations
@@ -170,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, default=None, help="stop when this process is gone")
     parser.add_argument("--awake", action="store_true", help="compute nothing: keep the core from idling")
     parser.add_argument("--control", type=int, default=None, metavar="FD",
-                        help="step (spin, or compute) only while the pipe FD last said b'1'; leave when it closes")
+                        help="with --awake: spin only while the pipe FD last said b'1'; leave when it closes")
     args = parser.parse_args(argv)
     from prism_core.launch.cores import bind_from_env
 
@@ -181,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     # the launcher stops its job with SIGTERM: leave as at the deadline, not with a thread starved
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if args.control is not None and not args.awake:
+        parser.error("--control goes with --awake")
     control = Control(args.control) if args.control is not None else None
     steps = run(args.seconds, args.parent, stop=stop, awake=args.awake, control=control)
     print(f"{'keep awake' if args.awake else 'neighbour load'}: {steps} steps", file=sys.stderr, flush=True)

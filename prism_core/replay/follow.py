@@ -8,11 +8,12 @@ far the machine moved in between). With `emulation.follow_pace` the assistant re
 rank's flight record (nodes closed, nanoseconds of compute so far: trace/flight.py) and compares
 its compute over about its last step with the calibrated spans of the same nodes; each virtual
 compute node then takes its calibrated span times that pace. The calibrated spans are the loaded
-runs' (a neighbour computing beside the rank), and an emulation's rank, its assistant's cores
-kept awake while the virtual ranks compute (replay/awake.py), computes as a record's rank does
-(bench/fidelity.py's kept runs of 2026-12-04: 0.995-0.998 of the record taking turns with it,
-median over the pairs, every W=2 config), so on a machine that did not move the pace is the
-loaded runs' own error against the real run, which following it takes out too.
+runs' (a neighbour computing beside the rank). An emulation's rank has no neighbour computing:
+its assistant's cores only spin while the virtual ranks compute (replay/awake.py), and it
+computed 0.97-1.00 of a record's rank taking turns with it (bench/fidelity.py's kept runs of
+2026-12-04, median per W=2 config; README item 30), so the pace reads up to 3% fast on a machine
+that did not move, and the virtual ranks follow it: one reason `emulation.follow_pace` is off by
+default.
 """
 
 from __future__ import annotations

@@ -151,8 +151,7 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     keeps its assistant's cores awake (`emulation.keep_awake`, launch/neighbour_load.py): its
     virtual peers arrive at once and wait blocked, and on a core that idled their answers came late.
     A timed run placed alone keeps them awake while its virtual ranks compute only
-    (`emulation.awake_while_computing`, replay/awake.py), with the neighbour load computing there
-    rather than a bare spin under `emulation.load_while_computing`.
+    (`emulation.awake_while_computing`, replay/awake.py).
     """
     if join_late and (pacing is not None or timing is not None):
         raise ValueError("join_late is for a plain slice: not with pacing (a co-run) or a timeline")
@@ -196,8 +195,7 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
                       helper=helper, progress=progress, bind_cores=cfg.job.cpu_binding == "core",
                       neighbour_load=neighbour_load, cores=cores, stop=stop, job_cores=job_cores,
                       keep_awake=awake_setting(cfg, timing is not None) and pacing is None,
-                      awake_by_helper=timing is not None,
-                      awake_computes=timing is not None and cfg.emulation.load_while_computing)
+                      awake_by_helper=timing is not None)
     return launch(spec)
 
 

@@ -58,10 +58,9 @@ def test_a_short_co_run_is_filled_with_the_slices_dp_replicas_before_twins():
 @pytest.mark.parametrize("timed, settings, kind", [
     (False, [], "_awake"),
     (False, ["emulation.keep_awake=false"], ""),
-    (False, ["emulation.load_while_computing=true", "emulation.follow_pace=true"], "_awake"),  # not a timed slice's
+    (False, ["emulation.follow_pace=true"], "_awake"),     # a plain slice replays no timeline: no pace
     (True, [], "_awake"),
-    (True, ["emulation.load_while_computing=true"], "_awake_load"),
-    (True, ["emulation.awake_while_computing=false", "emulation.load_while_computing=true"], ""),
+    (True, ["emulation.awake_while_computing=false"], ""),
     (True, ["emulation.follow_pace=true"], "_awake_pace"),
 ])
 def test_a_slice_directory_names_the_settings_its_spans_depend_on(timed, settings, kind):

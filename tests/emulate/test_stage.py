@@ -8,8 +8,6 @@ sandbox rank delays the virtual ranks that wait for it.
 from __future__ import annotations
 
 import json
-import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -89,25 +87,6 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
         assert placement["awake"] == placement["assistant"] and placement["awake_by_helper"]
         assert replay["spun_cores"] == 1 and replay["spin_switches"] >= 2
     assert entry["peak_memory_bytes"] == real["ranks"]["1"]["peak_memory_bytes"]
-    assert_no_rank_processes()
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.skipif(len(machine_cores()) != 2 or not hasattr(os, "SCHED_IDLE"),
-                    reason="an emulation placed alone on two cores, its assistant's core spun")
-def test_load_while_computing_runs_the_neighbour_load_on_the_assistants_core(pp2, tmp_path):
-    base, graph, predicted, root, _ = pp2
-    cfg = _with_roi(base, [1])
-    cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"load_while_computing": True})})
-    doc = emulate(cfg, graph.directory, root / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted)
-    placement = doc["emulation"]["placement"]
-    assert placement["awake"] == placement["assistant"] and placement["awake_by_helper"]
-    replay = json.loads((tmp_path / "emulate" / "replay" / "stats.json").read_text())
-    assert replay["spun_cores"] == 1 and replay["spin_switches"] >= 2
-    logs = [p.read_text() for p in (tmp_path / "emulate" / "logs").glob("keep_awake_*.log")]
-    assert len(logs) == 1
-    steps = re.search(r"neighbour load: (\d+) steps", logs[0])     # it computed, not only yielded
-    assert steps and int(steps.group(1)) > 0, logs[0]
     assert_no_rank_processes()
 
 
