@@ -112,7 +112,7 @@ class EmulationConfig(_Strict):
                                                "(a spin in the idle class, launch/neighbour_load.py): in the full job "
                                                "the other ranks' cores compute, and a core that idled milliseconds "
                                                "wakes late on a machine whose idle cores halt")
-    follow_pace: bool = Field(False, description="a timed run (an emulation) scales its virtual ranks' compute by "
+    follow_pace: bool = Field(True, description="a timed run (an emulation) scales its virtual ranks' compute by "
                                                  "the pace its sandbox ranks compute at against their calibrated "
                                                  "spans, so that a host whose speed moved since the timing moves them "
                                                  "too (replay/follow.py)")
