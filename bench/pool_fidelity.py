@@ -1,0 +1,94 @@
+"""Pool the pairs of several `bench/fidelity.py` runs of the same prediction code: per W=2 config,
+the median pair-wise error of the prediction, of the uncalibrated ablation, of the prediction with
+the real run's compute spans (the communication and the calibration alone) and of the emulations
+with and without following the sandbox rank's pace, each with a bootstrap interval over the pairs.
+
+One run of five pairs on this machine moves a config's median by a few points from the run before
+(README, items 28-31): the pairs of runs of the same code pooled pin it better than any one run.
+The logs this reads are the bench's printed output, kept in `bench/logs/`.
+
+    .venv/bin/python bench/pool_fidelity.py bench/logs/fidelity_item28.log bench/logs/fidelity_item30.log ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+PAIR = re.compile(r"^(?P<config>\S+) pair (?P<i>\d+)/\d+: real (?P<real>[\d.]+) s  predicted (?P<pred>[\d.]+) s "
+                  r"\([^)]*\)  emulated (?P<emu>[\d.na]+) s \((?P<emu_err>[+-][\d.]+|[+-]?nan)% against its own "
+                  r"record .*?with the real compute (?P<realc>[\d.]+) s .*?uncalibrated (?P<uncal>[\d.]+) s")
+PACE = re.compile(r"^(?P<config>\S+): emulated as configured [^(]*\(pairs (?P<default>[^)]*)\), "
+                  r"(?P<way>with|without) following the sandbox rank's pace [^(]*\(pairs (?P<other>[^)]*)\)")
+SEED = 0
+
+
+def parse(log: Path) -> dict[str, dict[str, list[float]]]:
+    """config -> column -> its pairs' errors (fractions) in one bench log."""
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    paced: set[str] = set()
+    for line in log.read_text().splitlines():
+        if m := PAIR.match(line):
+            real, cols = float(m["real"]), out[m["config"]]
+            cols["predicted"].append(float(m["pred"]) / real - 1)
+            cols["uncalibrated"].append(float(m["uncal"]) / real - 1)
+            cols["with the real compute"].append(float(m["realc"]) / real - 1)
+            if m["emu_err"] not in ("nan", "+nan", "-nan"):
+                cols["emulated as configured"].append(float(m["emu_err"]) / 100)
+        elif m := PACE.match(line):
+            default = [float(x) / 100 for x in m["default"].split(",")]
+            other = [float(x) / 100 for x in m["other"].split(",")]
+            following, not_following = (default, other) if m["way"] == "without" else (other, default)
+            out[m["config"]]["following the pace"] = following
+            out[m["config"]]["not following"] = not_following
+            paced.add(m["config"])
+    for config in paced:    # the as-configured column is one of the two above
+        out[config].pop("emulated as configured", None)
+    if not out:
+        raise SystemExit(f"{log}: no pairs of bench/fidelity.py found")
+    return out
+
+
+def interval(errors: list[float], draws: int = 10_000) -> tuple[float, float]:
+    """90% bootstrap interval of the median over the pairs."""
+    rng = np.random.default_rng(SEED)
+    x = np.asarray(errors)
+    medians = np.median(rng.choice(x, size=(draws, len(x)), replace=True), axis=1)
+    return float(np.quantile(medians, 0.05)), float(np.quantile(medians, 0.95))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("logs", nargs="+", type=Path, help="bench/fidelity.py outputs of the same prediction code")
+    args = ap.parse_args(argv)
+    pooled: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for log in args.logs:
+        for config, cols in parse(log).items():
+            for col, errors in cols.items():
+                pooled[config][col].extend(errors)
+    columns = ["predicted", "uncalibrated", "with the real compute", "following the pace", "not following", "emulated as configured"]
+    columns = [c for c in columns if any(pooled[k].get(c) for k in pooled)]
+    print(f"pooled over {len(args.logs)} run(s): median pair-wise error [90% bootstrap interval] (pairs)")
+    print(f"{'config':<18}" + "".join(f"{c:>32}" for c in columns))
+    for config in sorted(pooled):
+        cells = []
+        for col in columns:
+            errors = pooled[config].get(col, [])
+            if not errors:
+                cells.append(f"{'-':>32}")
+                continue
+            lo, hi = interval(errors)
+            cells.append(f"{100 * statistics.median(errors):+7.2f}% [{100 * lo:+5.1f}, {100 * hi:+5.1f}] ({len(errors):>2})"
+                         .rjust(32))
+        print(f"{config:<18}" + "".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
