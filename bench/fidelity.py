@@ -63,7 +63,8 @@ import signal
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -331,18 +332,11 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
         for r in range(world):
             runs.append((["emulate", str(root / f"emulate_{r}"), str(graph.directory), str(timeline), str(r)],
                          [(root / f"emulate_{r}", [r])]))
-        if args.other_cost:
+        for v in _variants(args):
+            other = _without_issue_cost(timeline) if v.zero_issue_cost else timeline
             for r in range(world):
-                runs.append((["emulate", str(root / f"emulate_{r}_nocost"), str(graph.directory),
-                              str(_without_issue_cost(timeline)), str(r)], [(root / f"emulate_{r}_nocost", [r])]))
-        if args.other_spin:
-            for r in range(world):
-                runs.append((["emulate-awake", str(root / f"emulate_{r}_spin"), str(graph.directory), str(timeline),
-                              str(r)], [(root / f"emulate_{r}_spin", [r])]))
-        if args.other_pace:
-            for r in range(world):
-                runs.append((["emulate-pace", str(root / f"emulate_{r}_pace"), str(graph.directory), str(timeline),
-                              str(r)], [(root / f"emulate_{r}_pace", [r])]))
+                runs.append(([v.launch, str(root / f"emulate_{r}_{v.suffix}"), str(graph.directory), str(other),
+                              str(r)], [(root / f"emulate_{r}_{v.suffix}", [r])]))
     if args.passes == 2:
         plan2, jobs2 = _second_pass_jobs(cfg, graph, root)
         runs += _slice_runs(cfg, graph, jobs2, args, _first_timeline(root))
@@ -355,20 +349,44 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
     out["emul_real"] = _figure(root / "record_e", world, warmup)
     if not args.no_emulate:
         out["emul"] = statistics.mean(_rank_figure(root / f"emulate_{r}", r, warmup) for r in range(world))
-        if args.other_cost:
-            out["emul_nocost"] = statistics.mean(_rank_figure(root / f"emulate_{r}_nocost", r, warmup)
-                                                 for r in range(world))
-        if args.other_spin:
-            out["emul_spin"] = statistics.mean(_rank_figure(root / f"emulate_{r}_spin", r, warmup)
-                                               for r in range(world))
-        if args.other_pace:
-            out["emul_pace"] = statistics.mean(_rank_figure(root / f"emulate_{r}_pace", r, warmup)
-                                               for r in range(world))
+        for v in _variants(args):
+            out[f"emul_{v.suffix}"] = statistics.mean(_rank_figure(root / f"emulate_{r}_{v.suffix}", r, warmup)
+                                                      for r in range(world))
     if args.passes == 2:
         doc, _ = calibrate_pass(cfg, graph.trace, plan2, jobs2, root / "calibrate2", 1)
         out["pred2"] = _mean(doc, "iteration_time_s")
         out["oracle2"] = _variant(cfg, graph, root, "real", _first_timeline(root), "record_e")
     return out
+
+
+@dataclass(frozen=True)
+class EmulationVariant:
+    """A second way each pair's emulations run, in the same turns as the configured one."""
+    flag: str                 # the --other-... option that runs it
+    suffix: str               # its runs' directories: emulate_<rank>_<suffix>
+    launch: str               # the `_launch` kind that runs it
+    zero_issue_cost: bool     # it replays a copy of the timeline with the issue costs zeroed
+    describe: Callable        # the configured emulation settings -> how it differs, for its line
+
+
+VARIANTS = (
+    EmulationVariant("other_cost", "nocost", "emulate", True,
+                     lambda e: "without the virtual ops held for their ranks' issue cost"),
+    EmulationVariant("other_spin", "spin", "emulate-awake", False,
+                     lambda e: "with the assistant's cores " + ("left to idle" if e.awake_while_computing
+                                                                else "kept awake while computing")),
+    EmulationVariant("other_pace", "pace", "emulate-pace", False,
+                     lambda e: ("without" if e.follow_pace else "with") + " following the sandbox rank's pace"),
+)
+
+
+def _variants(args) -> list[EmulationVariant]:
+    return [v for v in VARIANTS if getattr(args, v.flag)]
+
+
+def _pairs(errors: list[float]) -> str:
+    """A pair-wise median and its pairs, as the lines after the table print them."""
+    return (f"{100 * statistics.median(errors):+.2f}% (pairs {', '.join(f'{100 * x:+.2f}' for x in errors)})")
 
 
 def _without_issue_cost(timeline: Path) -> Path:
@@ -618,7 +636,8 @@ def main() -> None:
                      "--no-emulate")
     if args.other_join + args.other_corun + args.other_awake > 1:
         parser.error("--other-join, --other-corun and --other-awake fill the same column: one at a time")
-    rows, costs, spins, paces, replicas = [], [], [], [], []
+    rows, replicas = [], []
+    others: dict[str, list] = {v.suffix: [] for v in _variants(args)}
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
             cfg = _load(name, args.steps, args.sandbox, args.neighbours)
@@ -646,9 +665,8 @@ def main() -> None:
                 pair["plain_c"], pair["loaded_c"] = (_compute_against_real(cfg, graph, root) if first_pass
                                                      else (float("nan"), float("nan")))
                 pair.setdefault("pred2", float("nan"))
-                pair.setdefault("emul_nocost", float("nan"))
-                pair.setdefault("emul_spin", float("nan"))
-                pair.setdefault("emul_pace", float("nan"))
+                for v in VARIANTS:
+                    pair.setdefault(f"emul_{v.suffix}", float("nan"))
                 pair.setdefault("oracle2", float("nan"))
                 other = (_variant(cfg, graph, root, "other") if args.other_join or args.other_awake else
                          _variant(cfg, graph, root, "other-corun") if args.other_corun else None)
@@ -688,17 +706,9 @@ def main() -> None:
                 replicas.append((cfg.name, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
                                  statistics.median([b / a - 1 for a, b in zip(real, col["reordered"])]),
                                  [b / a - 1 for a, b in zip(real, col["reordered"])]))
-            if args.other_cost:
-                costs.append((cfg.name, statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul"])]),
-                              statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul_nocost"])]),
-                              [b / a - 1 for a, b in zip(col["emul_real"], col["emul_nocost"])]))
-            if args.other_spin:
-                spins.append((cfg.name, statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul"])]),
-                              statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul_spin"])]),
-                              [b / a - 1 for a, b in zip(col["emul_real"], col["emul_spin"])]))
-            if args.other_pace:
-                paces.append((cfg.name, [b / a - 1 for a, b in zip(col["emul_real"], col["emul"])],
-                              [b / a - 1 for a, b in zip(col["emul_real"], col["emul_pace"])]))
+            for v in _variants(args):    # each pair's emulation both ways against its second record
+                others[v.suffix].append((cfg.name, [b / a - 1 for a, b in zip(col["emul_real"], col["emul"])],
+                                         [b / a - 1 for a, b in zip(col["emul_real"], col[f"emul_{v.suffix}"])]))
             rows.append((cfg.name, r, p, e, er, f, u, statistics.median([b / a - 1 for a, b in zip(real, col["pred"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["selfcheck"])]), (max(real) - min(real)) / r,
                          _interval(real, col["pred"]), _interval(col["emul_real"], col["emul"]),
@@ -758,24 +768,10 @@ def main() -> None:
         print(f"{name}: predicted with its DP replica's compute measured in the co-run {100 * measured:+.2f}%, with "
               f"the timed rank's steps reordered instead {100 * reordered:+.2f}% pair-wise (its pairs: "
               f"{', '.join(f'{100 * x:+.2f}' for x in pairs)}), from the same runs")
-    for name, with_cost, without, pairs in costs:
-        print(f"{name}: emulated with the virtual ops held for their ranks' issue cost {100 * with_cost:+.2f}%, "
-              f"without {100 * without:+.2f}% pair-wise against the second record (its pairs: "
-              f"{', '.join(f'{100 * x:+.2f}' for x in pairs)}), in the same turns")
-    if spins:
-        way = ("left to idle" if _load(args.config_name, args.steps, args.sandbox).emulation.awake_while_computing
-               else "kept awake while computing")
-        for name, default, other, pairs in spins:
-            print(f"{name}: emulated as configured {100 * default:+.2f}%, with the assistant's cores {way} "
-                  f"{100 * other:+.2f}% pair-wise against the second record (its pairs: "
-                  f"{', '.join(f'{100 * x:+.2f}' for x in pairs)}), in the same turns")
-    if paces:
-        way = ("without" if _load(args.config_name, args.steps, args.sandbox).emulation.follow_pace
-               else "with")
-        for name, default, other in paces:
-            print(f"{name}: emulated as configured {100 * statistics.median(default):+.2f}% (pairs "
-                  f"{', '.join(f'{100 * x:+.2f}' for x in default)}), {way} following the sandbox rank's pace "
-                  f"{100 * statistics.median(other):+.2f}% (pairs {', '.join(f'{100 * x:+.2f}' for x in other)}) "
+    emulation = _load(args.config_name, args.steps, args.sandbox).emulation
+    for v in _variants(args):
+        for name, default, other in others[v.suffix]:
+            print(f"{name}: emulated as configured {_pairs(default)}, {v.describe(emulation)} {_pairs(other)} "
                   "pair-wise against the second record, in the same turns")
     if args.passes == 2 and args.turns > 0:
         print("2nd pass: each pair's prediction from slices replaying the first pass's timeline and loaded runs of "

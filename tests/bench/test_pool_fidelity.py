@@ -70,3 +70,22 @@ def test_the_kept_logs_parse():
         cols = parse(log)
         assert set(cols) == {f"tiny_moe_w2_{c}" for c in ("pp2", "dp2", "tp2", "ep2")}, log
         assert all(len(c["predicted"]) >= 2 for c in cols.values()), log
+
+
+def test_the_pace_line_fidelity_prints_is_the_one_pooled(tmp_path: Path):
+    """bench/fidelity.py's line for `--other-pace` (either default) parses here, each side kept."""
+    from types import SimpleNamespace
+
+    from fidelity import VARIANTS, _pairs  # noqa: E402
+
+    pace = next(v for v in VARIANTS if v.flag == "other_pace")
+    for on in (True, False):
+        line = (f"tiny_moe_w2_tp2: emulated as configured {_pairs([0.01, -0.03, 0.02])}, "
+                f"{pace.describe(SimpleNamespace(follow_pace=on))} {_pairs([-0.005, 0.004, 0.0])} "
+                "pair-wise against the second record, in the same turns")
+        log = tmp_path / f"{on}.log"
+        log.write_text(_pair("tiny_moe_w2_tp2", 1, 0.2, 0.2, "+1.00", 0.2, 0.18) + "\n" + line + "\n")
+        cols = parse(log)["tiny_moe_w2_tp2"]
+        configured, other = [0.01, -0.03, 0.02], [-0.005, 0.004, 0.0]
+        assert cols["following the pace"] == pytest.approx(configured if on else other)
+        assert cols["not following"] == pytest.approx(other if on else configured)
