@@ -10,10 +10,11 @@ its compute over about its last step with the calibrated spans of the same nodes
 compute node then takes its calibrated span times that pace. The calibrated spans are the loaded
 runs' (a neighbour computing beside the rank). An emulation's rank has no neighbour computing:
 its assistant's cores only spin while the virtual ranks compute (replay/awake.py), and it
-computed 0.97-1.00 of a record's rank taking turns with it (bench/fidelity.py's kept runs of
-2026-12-04, median per W=2 config; README item 30), so the pace reads up to 3% fast on a machine
-that did not move, and the virtual ranks follow it: one reason `emulation.follow_pace` is off by
-default.
+computed 0.97-1.00 of a record's rank taking turns with it (bench/fidelity.py's kept runs,
+median per W=2 config; README, item 30), so the pace reads up to 3% fast on a machine that did
+not move, and more where the record's ranks slowed beside each other (item 31). On by default:
+over items 29-31 the emulations came within a median -1.88 / -1.53 / -0.20 / +0.51% of their
+record following the pace, -1.66 / +0.38 / +2.45 / +3.52% without (pp2 / dp2 / tp2 / ep2).
 """
 
 from __future__ import annotations
