@@ -30,13 +30,19 @@ from prism_core.trace.schema import COMPUTE
 
 CLIP = (0.5, 2.0)    # a pace outside this is a stall or a start-up, not the host's speed
 EVERY_S = 2e-3       # the flight records are read at most this often
+# the least calibrated compute a pace is taken over: a rank that computes a few milliseconds a step
+# (one that mostly waits for its peers) reads over several steps, or not at all in a short run (over
+# one step such a rank's pace came 0.58 in a 7-step emulation on a loaded machine, and the virtual
+# ranks computed that much faster)
+MIN_WINDOW_S = 0.02
 
 
 def reference_compute(kind: np.ndarray, step: np.ndarray, span: np.ndarray,
                       warmup: int = 0) -> tuple[np.ndarray, float, int]:
     """One rank's reference: the cumulative calibrated compute before each node (length nodes + 1),
-    the window to compare over (its calibrated compute per step after `warmup`), and the node the
-    comparison starts at (the first after the warm-up steps, whose start-up compute is no pace)."""
+    the window to compare over (its calibrated compute per step after `warmup`, at least
+    `MIN_WINDOW_S`), and the node the comparison starts at (the first after the warm-up steps, whose
+    start-up compute is no pace)."""
     ref = np.where(kind == COMPUTE, span, 0.0)
     cum = np.concatenate([[0.0], np.cumsum(ref)])
     measured = np.nonzero(step >= warmup)[0]
@@ -44,7 +50,7 @@ def reference_compute(kind: np.ndarray, step: np.ndarray, span: np.ndarray,
         return cum, 0.0, len(kind)
     start = int(measured[0])
     steps = int(step.max()) + 1 - warmup
-    return cum, float(cum[-1] - cum[start]) / steps, start
+    return cum, max(float(cum[-1] - cum[start]) / steps, MIN_WINDOW_S), start
 
 
 class PaceFollower:

@@ -61,3 +61,17 @@ def test_pace_is_clipped_and_missing_records_are_skipped(tmp_path):
     flight.computed(4, 400_000_000)                 # a stall: 10x the reference
     assert f.factor() == follow.CLIP[1]
 
+
+
+def test_a_rank_that_computes_little_is_read_over_several_steps(tmp_path):
+    """1 ms of compute a step: the pace waits for MIN_WINDOW_S of reference, not one step's."""
+    kind, step = np.tile([COMPUTE, COMM], 40), np.repeat(np.arange(40), 2)
+    cum, window, start = reference_compute(kind, step, np.tile([0.001, 0.0], 40))
+    assert window == pytest.approx(follow.MIN_WINDOW_S)
+    flight = Flight(tmp_path, 0)
+    f = PaceFollower({0: tmp_path / "0.bin"}, {0: (cum, window, start)})
+    flight.computed(1, 0)
+    flight.computed(3, 500_000)                     # one step's node at half its reference: no pace yet
+    assert f.factor() == 1.0
+    flight.computed(43, 10_500_000)                 # 20 steps on, 10 ms against 20
+    assert f.factor() == pytest.approx(follow.CLIP[0])
