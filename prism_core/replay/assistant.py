@@ -1078,13 +1078,14 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
 
         assistant.stopped = StoppedTime.from_env()
         if follow_pace is not None:
-            from prism_core.replay.follow import PaceFollower, reference_compute
+            from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute
 
             reference = {}
-            for r in sandbox:
+            cols = trace.columns
+            for r in pace_ranks(cols["kind"], cols["step"], trace.offsets, model.span, list(sandbox), follow_pace):
                 cols = trace.rank(r)
                 reference[r] = reference_compute(cols["kind"], cols["step"], model.span[trace.rank_slice(r)], follow_pace)
-            assistant.follow = PaceFollower({r: Path(result_dir) / "flight" / f"{r}.bin" for r in sandbox}, reference)
+            assistant.follow = PaceFollower({r: Path(result_dir) / "flight" / f"{r}.bin" for r in reference}, reference)
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)

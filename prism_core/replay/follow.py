@@ -12,7 +12,8 @@ runs' (a neighbour computing beside the rank). An emulation's rank has no neighb
 its assistant's cores only spin while the virtual ranks compute (replay/awake.py), and it
 computed 0.97-1.00 of a record's rank taking turns with it (bench/fidelity.py's kept runs,
 median per W=2 config; README, item 30), so the pace reads up to 3% fast on a machine that did
-not move, and more where the record's ranks slowed beside each other (item 31). On by default:
+not move, and more where the record's ranks slowed beside each other (item 31). Only sandbox ranks
+that compute a fair share of what their virtual peers compute are read (`pace_ranks`). On by default:
 over items 29-31 the emulations came within a median -1.88 / -1.53 / -0.20 / +0.51% of their
 record following the pace, -1.66 / +0.38 / +2.45 / +3.52% without (pp2 / dp2 / tp2 / ep2).
 """
@@ -35,6 +36,11 @@ EVERY_S = 2e-3       # the flight records are read at most this often
 # one step such a rank's pace came 0.58 in a 7-step emulation on a loaded machine, and the virtual
 # ranks computed that much faster)
 MIN_WINDOW_S = 0.02
+# the least share of the virtual ranks' calibrated compute (median rank) a sandbox rank computes for
+# its pace to be read: a rank that barely computes says little about how long its peers' compute
+# takes (in a make test a rank computing ~1% of its peer's read 0.5 -- it had computed beside the
+# peer's slice in the timing and alone in the emulation -- and the peer's 0.3 s came in 0.15 s)
+MIN_SHARE = 0.25
 
 
 def reference_compute(kind: np.ndarray, step: np.ndarray, span: np.ndarray,
@@ -51,6 +57,19 @@ def reference_compute(kind: np.ndarray, step: np.ndarray, span: np.ndarray,
     start = int(measured[0])
     steps = int(step.max()) + 1 - warmup
     return cum, max(float(cum[-1] - cum[start]) / steps, MIN_WINDOW_S), start
+
+
+def pace_ranks(kind: np.ndarray, step: np.ndarray, offsets: np.ndarray, span: np.ndarray,
+               sandbox: list[int], warmup: int = 0) -> list[int]:
+    """The sandbox ranks whose pace is read: those whose calibrated compute after the warm-up steps
+    is at least `MIN_SHARE` of the virtual ranks' median (all of them where no rank is virtual)."""
+    cum = np.concatenate([[0.0], np.cumsum(np.where((kind == COMPUTE) & (step >= warmup), span, 0.0))])
+    per_rank = cum[offsets[1:]] - cum[offsets[:-1]]
+    virtual = np.setdiff1d(np.arange(len(offsets) - 1), sandbox)
+    if not len(virtual):
+        return sorted(sandbox)
+    floor = MIN_SHARE * float(np.median(per_rank[virtual]))
+    return [r for r in sorted(sandbox) if per_rank[r] >= floor]
 
 
 class PaceFollower:
@@ -110,5 +129,5 @@ class PaceFollower:
 
     def stats(self) -> dict:
         p = np.asarray(self.paces)
-        return {"updates": len(p), "median": float(np.median(p)) if len(p) else None,
+        return {"ranks": sorted(self.flights), "updates": len(p), "median": float(np.median(p)) if len(p) else None,
                 "min": float(p.min()) if len(p) else None, "max": float(p.max()) if len(p) else None}

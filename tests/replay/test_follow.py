@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from prism_core.replay import follow
-from prism_core.replay.follow import PaceFollower, reference_compute
+from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute
 from prism_core.trace.flight import Flight
 from prism_core.trace.schema import COMM, COMPUTE
 
@@ -75,3 +75,19 @@ def test_a_rank_that_computes_little_is_read_over_several_steps(tmp_path):
     assert f.factor() == 1.0
     flight.computed(43, 10_500_000)                 # 20 steps on, 10 ms against 20
     assert f.factor() == pytest.approx(follow.CLIP[0])
+
+
+def test_only_ranks_that_compute_a_fair_share_of_their_virtual_peers_are_read():
+    # four ranks of a warm-up step (one compute node of 1 s) and one step of compute 0.3 s, 0.003 s,
+    # 0.2 s, 0.4 s; rank 3 has a comm node too
+    kind = np.array([COMPUTE, COMPUTE] * 4 + [COMM])
+    step = np.array([0, 1] * 4 + [1])
+    span = np.array([1.0, 0.3, 1.0, 0.003, 1.0, 0.2, 1.0, 0.4, 5.0])
+    offsets = np.array([0, 2, 4, 6, 9])
+    # virtual ranks 0 and 3 compute a median 0.35 s a step: rank 1 (1%) is not read, rank 2 (57%) is
+    assert pace_ranks(kind, step, offsets, span, [1, 2], warmup=1) == [2]
+    assert pace_ranks(kind, step, offsets, span, [1], warmup=1) == []
+    assert pace_ranks(kind, step, offsets, span, [1], warmup=0) == [1]     # the warm-up step dominates
+    assert pace_ranks(kind, step, offsets, span, [0, 1, 2, 3], warmup=1) == [0, 1, 2, 3]  # none virtual
+    # a rank with no nodes computes nothing
+    assert pace_ranks(kind, step, np.array([0, 2, 2, 6, 9]), span, [1], warmup=1) == []

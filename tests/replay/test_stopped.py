@@ -108,6 +108,9 @@ def test_a_stop_does_not_shorten_what_the_virtual_rank_computes(tmp_path, monkey
     assert stops, "the emulation never reached step 2"
     stats = json.loads((out / "replay" / "stats.json").read_text())
     assert stats["stopped_s"] == pytest.approx(stops[0][1] - stops[0][0])
+    # rank 0 computes a few ms a step against rank 1's 0.3 s: its pace is not read (follow.MIN_SHARE;
+    # it read 0.5 in a make test, and rank 1's compute came in half its time)
+    assert stats["follow_pace"]["ranks"] == []
     unstop_run(out, stops)
     steps = np.array(json.loads((out / "results" / "0.json").read_text())["step_times_s"])
     # rank 1's compute still takes its time once the stop is out: its sends come a calibrated
