@@ -13,7 +13,10 @@ its assistant's cores only spin while the virtual ranks compute (replay/awake.py
 computed 0.97-1.00 of a record's rank taking turns with it (bench/fidelity.py's kept runs,
 median per W=2 config; README, item 30), so the pace reads up to 3% fast on a machine that did
 not move, and more where the record's ranks slowed beside each other (item 31). Only sandbox ranks
-that compute a fair share of what their virtual peers compute are read (`pace_ranks`). On by default:
+that compute a fair share of what their virtual peers compute are read (`pace_ranks`). Where the
+assistant shares a rank's core, what it ran there within a compute node is left out of the rank's
+compute in the flight record (trace/recorder.py), as the calibration leaves it out of the spans:
+the pace is the host's speed, not the assistant's load on the rank. On by default:
 over items 29-31 the emulations came within a median -1.88 / -1.53 / -0.20 / +0.51% of their
 record following the pace, -1.66 / +0.38 / +2.45 / +3.52% without (pp2 / dp2 / tp2 / ep2).
 """
