@@ -71,17 +71,7 @@ def _emulate(cfg: PrismConfig, args) -> str:
     text += "\npredicted by calibration: " + ", ".join(
         f"rank {r} {m['predicted_iteration_time_s']:.4f} s" for r, m in ranks.items())
     if "emulation" in document:
-        e = document["emulation"]
-        text += (f"\n{e['virtual_ranks']} virtual ranks replayed; {e['groups_instantiated']} of the job's "
-                 f"{e['groups_in_job']} process groups instantiated")
-        placement = e.get("placement") or {}
-        if placement and not placement.get("bound"):
-            text += (f"\nnote: the ranks of interest and the replay assistant did not get cores of their own "
-                     f"({placement.get('reason')}): the emulated times include their contention")
-        if e.get("inputs_streamed"):
-            text += ("\nnote: the replay assistant streamed its cached inputs (more than its share of memory, "
-                     "PRISM_PRELOAD_BYTES): the reads share its cores, and its virtual ranks can lag their "
-                     "calibrated time")
+        text += _emulation_notes(document["emulation"])
     if report:
         text += f"\nreport: {out / REPORT}"
     if "version" in document:
@@ -99,6 +89,28 @@ def _calibrate(cfg: PrismConfig, args) -> str:
     if len(ranks) <= 16:
         text += "\nwithout inter-slice calibration (each rank as timed in its slice): " + ", ".join(
             f"rank {r} {m['uncalibrated_iteration_time_s']:.4f} s" for r, m in ranks.items())
+    return text
+
+
+def _emulation_notes(e: dict) -> str:
+    """The lines `prism emulate` / `prism run` print about the replay: its size, where the ranks of
+    interest ran, the pace its virtual ranks followed."""
+    text = (f"\n{e['virtual_ranks']} virtual ranks replayed; {e['groups_instantiated']} of the job's "
+            f"{e['groups_in_job']} process groups instantiated")
+    placement = e.get("placement") or {}
+    if placement and not placement.get("bound"):
+        text += (f"\nnote: the ranks of interest and the replay assistant did not get cores of their own "
+                 f"({placement.get('reason')}): the emulated times include their contention")
+    pace = e.get("follow_pace") or {}
+    if pace.get("median") is not None:
+        text += (f"\nthe virtual ranks followed the pace of ranks {pace['ranks']} "
+                 f"(median {pace['median']:.2f}, emulation.follow_pace)")
+    elif pace.get("off"):
+        text += f"\nthe virtual ranks kept their calibrated compute: no pace read ({pace['off']})"
+    if e.get("inputs_streamed"):
+        text += ("\nnote: the replay assistant streamed its cached inputs (more than its share of memory, "
+                 "PRISM_PRELOAD_BYTES): the reads share its cores, and its virtual ranks can lag their "
+                 "calibrated time")
     return text
 
 

@@ -185,3 +185,18 @@ def _processes_with_env(name: str, value: str) -> list:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def test_emulation_notes_say_where_the_ranks_ran_and_which_pace_was_followed():
+    from prism_core.cli import _emulation_notes
+
+    e = {"virtual_ranks": 62, "groups_instantiated": 9, "groups_in_job": 89}
+    unbound = {**e, "placement": {"bound": False, "reason": "2 rank(s) and the assistant need 3 cores"},
+               "follow_pace": {"ranks": [], "off": "not bound to cores", "updates": 0, "median": None}}
+    text = _emulation_notes(unbound)
+    assert "62 virtual ranks replayed; 9 of the job's 89" in text
+    assert "did not get cores of their own (2 rank(s) and the assistant need 3 cores)" in text
+    assert "kept their calibrated compute: no pace read (not bound to cores)" in text
+    followed = {**e, "placement": {"bound": True}, "follow_pace": {"ranks": [1], "off": None, "median": 0.97}}
+    text = _emulation_notes(followed)
+    assert "followed the pace of ranks [1] (median 0.97" in text and "note:" not in text

@@ -20,7 +20,7 @@ from prism_core.metrics import metrics_document, oom_document, rank_metrics, res
 from prism_core.replay.slices import run_with_assistant
 
 STATS = ("virtual_ranks", "groups_in_job", "groups_instantiated", "gloo_groups", "nodes", "wall_s", "cpu_s",
-         "inputs_streamed")
+         "inputs_streamed", "follow_pace")
 
 
 def emulate(cfg: PrismConfig, graph_dir: Path, timeline: Path, out_dir: Path,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import heapq
+import json
 import os
 import queue
 import resource
@@ -1078,14 +1079,19 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
 
         assistant.stopped = StoppedTime.from_env()
         if follow_pace is not None:
-            from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute
+            from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute, shared_cores
 
+            placement = Path(result_dir) / "placement.json"     # the launcher writes it before starting us
+            off = shared_cores(json.loads(placement.read_text()) if placement.is_file() else {})
             reference = {}
             cols = trace.columns
-            for r in pace_ranks(cols["kind"], cols["step"], trace.offsets, model.span, list(sandbox), follow_pace):
+            read = [] if off else pace_ranks(cols["kind"], cols["step"], trace.offsets, model.span, list(sandbox),
+                                             follow_pace)
+            for r in read:
                 cols = trace.rank(r)
                 reference[r] = reference_compute(cols["kind"], cols["step"], model.span[trace.rank_slice(r)], follow_pace)
-            assistant.follow = PaceFollower({r: Path(result_dir) / "flight" / f"{r}.bin" for r in reference}, reference)
+            assistant.follow = PaceFollower({r: Path(result_dir) / "flight" / f"{r}.bin" for r in reference},
+                                            reference, off)
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)

@@ -13,7 +13,8 @@ its assistant's cores only spin while the virtual ranks compute (replay/awake.py
 computed 0.97-1.00 of a record's rank taking turns with it (bench/fidelity.py's kept runs,
 median per W=2 config; README, item 30), so the pace reads up to 3% fast on a machine that did
 not move, and more where the record's ranks slowed beside each other (item 31). Only sandbox ranks
-that compute a fair share of what their virtual peers compute are read (`pace_ranks`). Where the
+that compute a fair share of what their virtual peers compute are read (`pace_ranks`), and only
+where they have cores apart from the assistant's (`shared_cores`). Where the
 assistant shares a rank's core, what it ran there within a compute node is left out of the rank's
 compute in the flight record (trace/recorder.py), as the calibration leaves it out of the spans:
 the pace is the host's speed, not the assistant's load on the rank. On by default:
@@ -62,6 +63,19 @@ def reference_compute(kind: np.ndarray, step: np.ndarray, span: np.ndarray,
     return cum, max(float(cum[-1] - cum[start]) / steps, MIN_WINDOW_S), start
 
 
+def shared_cores(placement: dict) -> str | None:
+    """Why a launch's ranks compute beside its assistant (`placement.json`, launch/launcher.py), or
+    None where each has a core of its own. Beside the assistant a rank's pace is the assistant's
+    load on it, not the host's speed, and its virtual peers, which stand for ranks with cores of
+    their own, are not to take it: the demo's two ranks of interest, unbound beside an assistant
+    replaying 62 virtual ranks, read a pace of 1.30 and 1.51 (the assistant's own part of their
+    waits left out) in two runs, and their virtual peers computed that much slower."""
+    if not placement.get("bound"):
+        return f"not bound to cores: {placement.get('reason', 'no placement')}"
+    shared = sorted(set(placement.get("assistant") or []) & set((placement.get("ranks") or {}).values()))
+    return f"the assistant shares cores {shared} with the ranks" if shared else None
+
+
 def pace_ranks(kind: np.ndarray, step: np.ndarray, offsets: np.ndarray, span: np.ndarray,
                sandbox: list[int], warmup: int = 0) -> list[int]:
     """The sandbox ranks whose pace is read: those whose calibrated compute after the warm-up steps
@@ -80,8 +94,9 @@ class PaceFollower:
     reference compute per node count, window in reference seconds, first node compared), from
     `reference_compute`."""
 
-    def __init__(self, flights: dict[int, Path], reference: dict[int, tuple[np.ndarray, float, int]]):
-        self.flights, self.reference = flights, reference
+    def __init__(self, flights: dict[int, Path], reference: dict[int, tuple[np.ndarray, float, int]],
+                 off: str | None = None):
+        self.flights, self.reference, self.off = flights, reference, off   # off: why no pace is read
         self.maps: dict[int, np.memmap] = {}
         self.history: dict[int, deque] = {r: deque() for r in flights}
         self.pace, self._read_at = 1.0, -np.inf
@@ -132,5 +147,5 @@ class PaceFollower:
 
     def stats(self) -> dict:
         p = np.asarray(self.paces)
-        return {"ranks": sorted(self.flights), "updates": len(p), "median": float(np.median(p)) if len(p) else None,
+        return {"ranks": sorted(self.flights), "off": self.off, "updates": len(p), "median": float(np.median(p)) if len(p) else None,
                 "min": float(p.min()) if len(p) else None, "max": float(p.max()) if len(p) else None}

@@ -59,6 +59,12 @@ def render_report(cfg: PrismConfig, emulated: dict, predicted: dict, stages: dic
                   f"- process groups: {e['groups_instantiated']} of the job's {e['groups_in_job']} instantiated "
                   f"(those holding a rank of interest), {e['gloo_groups']} gloo groups for virtual members",
                   f"- assistant: {e['wall_s']:.1f} s wall, {e['cpu_s']:.1f} s CPU"]
+        pace = e.get("follow_pace") or {}
+        if pace.get("median") is not None:
+            lines.append(f"- virtual ranks' compute followed the pace of ranks {pace['ranks']}: median "
+                         f"{pace['median']:.2f} of the calibrated spans")
+        elif pace.get("off"):
+            lines.append(f"- virtual ranks' compute as calibrated: no pace read ({pace['off']})")
     lines += ["", "## Outputs", ""] + [f"- {name}: `{path}`" for name, path in stages.items()]
     return "\n".join(lines) + "\n"
 

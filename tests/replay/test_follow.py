@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from prism_core.replay import follow
-from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute
+from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute, shared_cores
 from prism_core.trace.flight import Flight
 from prism_core.trace.schema import COMM, COMPUTE
 
@@ -91,3 +91,10 @@ def test_only_ranks_that_compute_a_fair_share_of_their_virtual_peers_are_read():
     assert pace_ranks(kind, step, offsets, span, [0, 1, 2, 3], warmup=1) == [0, 1, 2, 3]  # none virtual
     # a rank with no nodes computes nothing
     assert pace_ranks(kind, step, np.array([0, 2, 2, 6, 9]), span, [1], warmup=1) == []
+
+
+def test_no_pace_is_read_where_the_ranks_share_the_assistants_cores():
+    assert shared_cores({"bound": True, "ranks": {"0": 0}, "assistant": [1]}) is None
+    assert "cores [1]" in shared_cores({"bound": True, "ranks": {"0": 0, "1": 1}, "assistant": [1]})
+    assert "3 cores" in shared_cores({"bound": False, "reason": "2 rank(s) and the assistant need 3 cores"})
+    assert "no placement" in shared_cores({})

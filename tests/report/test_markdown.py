@@ -20,7 +20,8 @@ def test_report_holds_the_key_figures(tmp_path):
         "3": {"iteration_time_s": None, "step_times_s": [], "peak_memory_bytes": 1000, "oom": True, "oom_step": 1}},
         "oom": {"ranks": [3], "step": 1, "message": "torch.OutOfMemoryError: over capacity"},
         "emulation": {"virtual_ranks": 2, "groups_in_job": 9, "groups_instantiated": 3, "gloo_groups": 4,
-                      "nodes": 1234, "wall_s": 2.0, "cpu_s": 0.5}}
+                      "nodes": 1234, "wall_s": 2.0, "cpu_s": 0.5,
+                      "follow_pace": {"ranks": [0, 3], "off": None, "updates": 9, "median": 1.04}}}
     predicted = {"mode": "predicted", "world_size": 4, "ranks": {
         str(r): {"iteration_time_s": t, "uncalibrated_iteration_time_s": 0.09} for r, t in
         enumerate([0.100, 0.120, 0.105, 0.115])}}
@@ -31,5 +32,6 @@ def test_report_holds_the_key_figures(tmp_path):
     assert "median 110.00 ms, min 100.00 ms, max 120.00 ms" in text
     assert "slowest ranks: 1 (120.00 ms), 3 (115.00 ms)" in text
     assert "3 of the job's 9 instantiated" in text and "virtual ranks: 2" in text
+    assert "followed the pace of ranks [0, 3]: median 1.04" in text
     path = write_report(tmp_path / "out" / "report.md", text)
     assert path.read_text() == text and not list(path.parent.glob(".*"))
