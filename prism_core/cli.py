@@ -105,8 +105,9 @@ def _emulation_notes(e: dict) -> str:
     if pace.get("median") is not None:
         text += (f"\nthe virtual ranks followed the pace of ranks {pace['ranks']} "
                  f"(median {pace['median']:.2f}, emulation.follow_pace)")
-    elif pace.get("off"):
-        text += f"\nthe virtual ranks kept their calibrated compute: no pace read ({pace['off']})"
+    elif pace.get("off"):     # beside an unbound placement the note above says why
+        why = "beside the assistant" if placement and not placement.get("bound") else pace["off"]
+        text += f"\nthe virtual ranks kept their calibrated compute (no pace read: {why})"
     if e.get("inputs_streamed"):
         text += ("\nnote: the replay assistant streamed its cached inputs (more than its share of memory, "
                  "PRISM_PRELOAD_BYTES): the reads share its cores, and its virtual ranks can lag their "

@@ -196,7 +196,7 @@ def test_emulation_notes_say_where_the_ranks_ran_and_which_pace_was_followed():
     text = _emulation_notes(unbound)
     assert "62 virtual ranks replayed; 9 of the job's 89" in text
     assert "did not get cores of their own (2 rank(s) and the assistant need 3 cores)" in text
-    assert "kept their calibrated compute: no pace read (not bound to cores)" in text
+    assert "kept their calibrated compute (no pace read: beside the assistant)" in text
     followed = {**e, "placement": {"bound": True}, "follow_pace": {"ranks": [1], "off": None, "median": 0.97}}
     text = _emulation_notes(followed)
     assert "followed the pace of ranks [1] (median 0.97" in text and "note:" not in text
