@@ -384,6 +384,11 @@ def _variants(args) -> list[EmulationVariant]:
     return [v for v in VARIANTS if getattr(args, v.flag)]
 
 
+# how the emulations ran as configured, in the table's header (bench/pool_fidelity.py reads it)
+PACED_HEADER = {True: "emulations as configured following the sandbox rank's pace",
+                False: "emulations as configured not following the sandbox rank's pace"}
+
+
 def _pairs(errors: list[float]) -> str:
     """A pair-wise median and its pairs, as the lines after the table print them."""
     return (f"{100 * statistics.median(errors):+.2f}% (pairs {', '.join(f'{100 * x:+.2f}' for x in errors)})")
@@ -726,6 +731,9 @@ def main() -> None:
     how = ((f"record and slices taking turns of {args.turns:g} s" +
             (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
            if args.turns > 0 else "runs one after the other")
+    paced = _load(args.configs.split(",")[0], args.steps, args.sandbox, args.neighbours).emulation.follow_pace
+    if not (args.turns > 0 and args.no_emulate):     # pool_fidelity.py reads how the emulations ran
+        how += f"; {PACED_HEADER[paced]}"
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
           f"pass(es), medians over {args.pairs} pairs, {how}; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "

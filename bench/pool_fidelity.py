@@ -7,7 +7,7 @@ One run of five pairs on this machine moves a config's median by a few points fr
 (README, items 28-31): the pairs of runs of the same code pooled pin it better than any one run.
 The logs this reads are the bench's printed output, kept in `bench/logs/`.
 
-    .venv/bin/python bench/pool_fidelity.py bench/logs/fidelity_item28.log bench/logs/fidelity_item30.log ...
+    .venv/bin/python bench/pool_fidelity.py bench/logs/fidelity_item28.log=not-following bench/logs/fidelity_item30.log ...
 """
 
 from __future__ import annotations
@@ -26,14 +26,25 @@ PAIR = re.compile(r"^(?P<config>\S+) pair (?P<i>\d+)/\d+: real (?P<real>[\d.]+) 
                   r"record .*?with the real compute (?P<realc>[\d.]+) s .*?uncalibrated (?P<uncal>[\d.]+) s")
 PACE = re.compile(r"^(?P<config>\S+): emulated as configured [^(]*\(pairs (?P<default>[^)]*)\), "
                   r"(?P<way>with|without) following the sandbox rank's pace [^(]*\(pairs (?P<other>[^)]*)\)")
+# the header of a run that printed how its emulations ran as configured (bench/fidelity.py PACED_HEADER)
+PACED = re.compile(r"emulations as configured (?P<way>following|not following) the sandbox rank's pace")
 SEED = 0
+# a log named LOG=following or LOG=not-following: how its emulations ran as configured, for runs
+# whose header did not say (before item 33)
+WAYS = {"following": "following the pace", "not-following": "not following"}
 
 
-def parse(log: Path) -> dict[str, dict[str, list[float]]]:
-    """config -> column -> its pairs' errors (fractions) in one bench log."""
+def parse(log: Path, way: str | None = None) -> dict[str, dict[str, list[float]]]:
+    """config -> column -> its pairs' errors (fractions) in one bench log. `way`: the column of the
+    emulations as configured ("following the pace" or "not following") where the log does not say."""
     out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     paced: set[str] = set()
     for line in log.read_text().splitlines():
+        if m := PACED.search(line):
+            said = "following the pace" if m["way"] == "following" else "not following"
+            if way is not None and way != said:
+                raise SystemExit(f"{log}: its header says the emulations ran {said!r}, not {way!r}")
+            way = said
         if m := PAIR.match(line):
             real, cols = float(m["real"]), out[m["config"]]
             cols["predicted"].append(float(m["pred"]) / real - 1)
@@ -50,6 +61,10 @@ def parse(log: Path) -> dict[str, dict[str, list[float]]]:
             paced.add(m["config"])
     for config in paced:    # the as-configured column is one of the two above
         out[config].pop("emulated as configured", None)
+    if way is not None:
+        for config, cols in out.items():
+            if config not in paced and "emulated as configured" in cols:
+                cols[way] = cols.pop("emulated as configured")
     if not out:
         raise SystemExit(f"{log}: no pairs of bench/fidelity.py found")
     return out
@@ -65,11 +80,15 @@ def interval(errors: list[float], draws: int = 10_000) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("logs", nargs="+", type=Path, help="bench/fidelity.py outputs of the same prediction code")
+    ap.add_argument("logs", nargs="+", help="bench/fidelity.py outputs of the same prediction code; LOG=following "
+                    "or LOG=not-following says how a log's emulations ran as configured where it does not say")
     args = ap.parse_args(argv)
     pooled: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for log in args.logs:
-        for config, cols in parse(log).items():
+    for item in args.logs:
+        log, _, way = item.partition("=")
+        if way and way not in WAYS:
+            ap.error(f"{item}: the way after '=' is one of {', '.join(WAYS)}")
+        for config, cols in parse(Path(log), WAYS.get(way)).items():
             for col, errors in cols.items():
                 pooled[config][col].extend(errors)
     columns = ["predicted", "uncalibrated", "with the real compute", "following the pace", "not following", "emulated as configured"]

@@ -89,3 +89,24 @@ def test_the_pace_line_fidelity_prints_is_the_one_pooled(tmp_path: Path):
         configured, other = [0.01, -0.03, 0.02], [-0.005, 0.004, 0.0]
         assert cols["following the pace"] == pytest.approx(configured if on else other)
         assert cols["not following"] == pytest.approx(other if on else configured)
+
+
+@pytest.mark.parametrize("on, column", [(True, "following the pace"), (False, "not following")])
+def test_the_header_says_how_the_emulations_ran_as_configured(tmp_path: Path, on, column):
+    from fidelity import PACED_HEADER  # noqa: E402
+
+    log = _log(tmp_path, "a.log", None)
+    log.write_text(log.read_text() + f"\n60 steps per run (57 measured), S=1, ...; {PACED_HEADER[on]}; error = ...\n")
+    cols = parse(log)["tiny_moe_w2_pp2"]
+    assert cols[column] == pytest.approx([0.03, -0.01]) and "emulated as configured" not in cols
+    with pytest.raises(SystemExit, match="its header says"):
+        parse(log, "not following" if on else "following the pace")
+
+
+def test_a_log_that_does_not_say_is_named_on_the_command_line(tmp_path: Path, capsys):
+    log = _log(tmp_path, "a.log", None)
+    main([f"{log}=following"])
+    out = capsys.readouterr().out
+    assert "following the pace" in out and "emulated as configured" not in out
+    with pytest.raises(SystemExit):
+        main([f"{log}=sideways"])
