@@ -1084,9 +1084,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
             placement = Path(result_dir) / "placement.json"     # the launcher writes it before starting us
             off = shared_cores(json.loads(placement.read_text()) if placement.is_file() else {})
             reference = {}
-            cols = trace.columns
-            read = [] if off else pace_ranks(cols["kind"], cols["step"], trace.offsets, model.span, list(sandbox),
-                                             follow_pace)
+            columns = trace.columns
+            read = [] if off else pace_ranks(columns["kind"], columns["step"], trace.offsets, model.span,
+                                             list(sandbox), follow_pace)
             for r in read:
                 cols = trace.rank(r)
                 reference[r] = reference_compute(cols["kind"], cols["step"], model.span[trace.rank_slice(r)], follow_pace)

@@ -14,10 +14,7 @@ computed 0.97-1.00 of a record's rank taking turns with it (bench/fidelity.py's 
 median per W=2 config; README, item 30), so the pace reads up to 3% fast on a machine that did
 not move, and more where the record's ranks slowed beside each other (item 31). Only sandbox ranks
 that compute a fair share of what their virtual peers compute are read (`pace_ranks`), and only
-where they have cores apart from the assistant's (`shared_cores`). Where the
-assistant shares a rank's core, what it ran there within a compute node is left out of the rank's
-compute in the flight record (trace/recorder.py), as the calibration leaves it out of the spans:
-the pace is the host's speed, not the assistant's load on the rank. On by default:
+where they have cores apart from the assistant's (`shared_cores`). On by default:
 over items 29-31 the emulations came within a median -1.88 / -1.53 / -0.20 / +0.51% of their
 record following the pace, -1.66 / +0.38 / +2.45 / +3.52% without (pp2 / dp2 / tp2 / ep2).
 """
@@ -68,8 +65,9 @@ def shared_cores(placement: dict) -> str | None:
     None where each has a core of its own. Beside the assistant a rank's pace is the assistant's
     load on it, not the host's speed, and its virtual peers, which stand for ranks with cores of
     their own, are not to take it: the demo's two ranks of interest, unbound beside an assistant
-    replaying 62 virtual ranks, read a pace of 1.30 and 1.51 (the assistant's own part of their
-    waits left out) in two runs, and their virtual peers computed that much slower."""
+    replaying 62 virtual ranks, read a pace of 1.30 and 1.51 in two runs (the second with the
+    assistant's CPU time within their compute left out), and their virtual peers computed that
+    much slower."""
     if not placement.get("bound"):
         return f"not bound to cores: {placement.get('reason', 'no placement')}"
     shared = sorted(set(placement.get("assistant") or []) & set((placement.get("ranks") or {}).values()))
@@ -147,5 +145,6 @@ class PaceFollower:
 
     def stats(self) -> dict:
         p = np.asarray(self.paces)
-        return {"ranks": sorted(self.flights), "off": self.off, "updates": len(p), "median": float(np.median(p)) if len(p) else None,
+        return {"ranks": sorted(self.flights), "off": self.off, "updates": len(p),
+                "median": float(np.median(p)) if len(p) else None,
                 "min": float(p.min()) if len(p) else None, "max": float(p.max()) if len(p) else None}

@@ -70,27 +70,22 @@ class Recorder:
     def _close_compute(self, now: float) -> None:
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, 0, 0, self._mark, now])
-        foreign_ns = 0     # what the assistant ran on this rank's core within the node
-        if self._delay is not None:
-            delay, own = self._delay.read(), self._own.read()
-            helper = self._helper.read() if self._helper is not None else 0
-            if delay > self._delay_mark:
-                waited, by_own = delay - self._delay_mark, max(own - self._own_mark, 0)
-                by_helper = max(helper - self._helper_mark, 0)
-                self.queued.append((len(self.rows) - 1, waited, by_own, by_helper))
-                foreign_ns = min(max(waited - by_own, 0), by_helper)
-            self._delay_mark, self._own_mark, self._helper_mark = delay, own, helper
         if self.flight is not None:
             held = 0.0
             if self.stopped is not None:
                 total = self.stopped.total()
                 held, self._stop_mark = total - self._stop_mark, total
-            # the calibrated spans leave the assistant's part out (calibrate/durations.py), and so
-            # does the compute a timed replay compares them with (replay/follow.py)
-            self._compute_ns += max(round((now - self._mark - held) * 1e9) - foreign_ns, 0)
+            self._compute_ns += max(int((now - self._mark - held) * 1e9), 0)
             self.flight.computed(len(self.rows), self._compute_ns)
         if self.memory is not None:
             self.live.append((len(self.rows) - 1, self.memory.current_bytes()))
+        if self._delay is not None:
+            delay, own = self._delay.read(), self._own.read()
+            helper = self._helper.read() if self._helper is not None else 0
+            if delay > self._delay_mark:
+                self.queued.append((len(self.rows) - 1, delay - self._delay_mark, max(own - self._own_mark, 0),
+                                    max(helper - self._helper_mark, 0)))
+            self._delay_mark, self._own_mark, self._helper_mark = delay, own, helper
         self._mark = now
         self._last_issue = None
 

@@ -304,27 +304,3 @@ def test_a_recorder_without_the_figure_notes_nothing(tmp_path):
     assert rec.queued == []
     with np.load(rec.write_part(tmp_path)) as part:
         assert len(part["queued_node"]) == 0
-
-
-def test_the_flight_records_compute_less_what_the_assistant_ran_on_the_core(tmp_path, monkeypatch):
-    from prism_core.trace import recorder as recorder_module
-    from prism_core.trace.flight import COMPUTE_NS_FIELD, Flight
-
-    clock = [100.0]
-    monkeypatch.setattr(recorder_module, "_now", lambda: clock[0])
-    rec = Recorder(0)
-    rec._mark = clock[0]
-    rec.flight = Flight(tmp_path / "flight", 0)
-    rec._delay, rec._delay_mark = _ScriptedDelay(), 0
-    rec._own, rec._own_mark = _ScriptedDelay(), 0
-    rec._helper, rec._helper_mark = _ScriptedDelay(), 0
-    clock[0] += 0.100                            # a 100 ms compute node
-    rec._delay.ns = 30_000_000                   # waited 30 ms for the core within it
-    rec._own.ns = 12_000_000                     # the rank's other threads ran 12 ms (the job's too)
-    rec._helper.ns = 15_000_000                  # the assistant 15 ms (the job never spends it)
-    rec.push("fwd", 0, 0)
-    assert rec.flight.mm[COMPUTE_NS_FIELD] == 85_000_000
-    clock[0] += 0.050                            # 50 ms more: waited 10 ms, all of it the assistant's,
-    rec._delay.ns, rec._helper.ns = 40_000_000, 40_000_000     # which ran 25 ms (15 outside the wait)
-    rec.pop()
-    assert rec.flight.mm[COMPUTE_NS_FIELD] == 85_000_000 + 40_000_000     # the wait bounds the part
