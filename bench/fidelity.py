@@ -731,9 +731,9 @@ def main() -> None:
     how = ((f"record and slices taking turns of {args.turns:g} s" +
             (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
            if args.turns > 0 else "runs one after the other")
-    paced = _load(args.configs.split(",")[0], args.steps, args.sandbox, args.neighbours).emulation.follow_pace
+    emulation = _load(args.config_name, args.steps, args.sandbox).emulation
     if not (args.turns > 0 and args.no_emulate):     # pool_fidelity.py reads how the emulations ran
-        how += f"; {PACED_HEADER[paced]}"
+        how += f"; {PACED_HEADER[emulation.follow_pace]}"
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
           f"pass(es), medians over {args.pairs} pairs, {how}; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
@@ -776,7 +776,6 @@ def main() -> None:
         print(f"{name}: predicted with its DP replica's compute measured in the co-run {100 * measured:+.2f}%, with "
               f"the timed rank's steps reordered instead {100 * reordered:+.2f}% pair-wise (its pairs: "
               f"{', '.join(f'{100 * x:+.2f}' for x in pairs)}), from the same runs")
-    emulation = _load(args.config_name, args.steps, args.sandbox).emulation
     for v in _variants(args):
         for name, default, other in others[v.suffix]:
             print(f"{name}: emulated as configured {_pairs(default)}, {v.describe(emulation)} {_pairs(other)} "

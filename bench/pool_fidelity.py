@@ -41,7 +41,7 @@ def parse(log: Path, way: str | None = None) -> dict[str, dict[str, list[float]]
     paced: set[str] = set()
     for line in log.read_text().splitlines():
         if m := PACED.search(line):
-            said = "following the pace" if m["way"] == "following" else "not following"
+            said = WAYS[m["way"].replace(" ", "-")]
             if way is not None and way != said:
                 raise SystemExit(f"{log}: its header says the emulations ran {said!r}, not {way!r}")
             way = said
