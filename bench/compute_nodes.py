@@ -8,6 +8,11 @@ asleep), or after another compute node — the median ratio of the slice's span 
 at the same node and the difference per step. It tells a rate effect (every class off alike:
 what computes beside the rank) from a cost after sleeping (only the nodes after long waits).
 
+A last table sets, per config, the loaded run's compute over the record's (median over the kept
+pairs and ranks) beside the bytes the rank's ops carry a step: in a co-run on 2 cores each rank's
+virtual peers live on its own core, so every byte it exchanges crosses that core twice, once for
+each end (README, item 34).
+
     .venv/bin/python bench/compute_nodes.py KEEP        # KEEP: a `bench/fidelity.py --keep` directory
 """
 
@@ -23,7 +28,7 @@ import numpy as np
 from prism_core.calibrate.durations import load_ran, slice_timings
 from prism_core.trace import load_trace
 from prism_core.trace.matching import match_ops
-from prism_core.trace.schema import COMPUTE
+from prism_core.trace.schema import COMM, COMPUTE
 
 # bins of the record's time in the node before a compute node (seconds)
 EDGES = (300e-6, 3e-3)
@@ -52,6 +57,14 @@ def compare(classes: np.ndarray, measured: np.ndarray, steps: int, record: np.nd
         out[int(c)] = (m.sum() / steps, float(np.median(record[m])), float(np.median(other[m] / record[m])),
                        float((other[m] - record[m]).sum() / steps))
     return out
+
+
+def excess_per_mb(loaded_over_record: list[float], record_s: list[float], mb: list[float]) -> tuple[float, float, float]:
+    """Over a config's kept (pair, rank) rows: the median loaded / record compute, the median
+    megabytes a step the rank's ops carry, and the median excess a step (ms) per megabyte."""
+    ratio, rec, mb = (np.asarray(x, dtype=float) for x in (loaded_over_record, record_s, mb))
+    per_mb = (ratio - 1.0) * rec * 1e3 / np.where(mb > 0, mb, np.nan)
+    return float(np.median(ratio)), float(np.median(mb)), float(np.nanmedian(per_mb)) if np.isfinite(per_mb).any() else float("nan")
 
 
 def class_names(edges=EDGES) -> dict[int, str]:
@@ -87,6 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     names = class_names()
     found = False
+    summary: dict[str, tuple[list[float], list[float], list[float]]] = {}
     for name, graph_dir, pair, slices in kept_pairs(args.keep):
         found = True
         graph = load_trace(graph_dir / "trace.zarr")
@@ -117,6 +131,11 @@ def main() -> None:
                                  f"{(other[computed].sum() - rec[computed].sum()) / steps * 1e3:+.2f}ms")
                 print(f"{r:4d}  {'all compute':34} {computed.sum() / steps:10.1f} "
                       f"{rec[computed].sum() / steps * 1e3:8.2f}ms {cells[0]:>20} {cells[1]:>22}")
+                if spans["loaded"] is not None:
+                    row = summary.setdefault(name, ([], [], []))
+                    row[0].append(spans["loaded"][computed].sum() / rec[computed].sum())
+                    row[1].append(rec[computed].sum() / steps)
+                    row[2].append(cols["bytes"][measured & (cols["kind"] == COMM)].sum() / steps / 1e6)
                 by_plain = compare(classes, measured, steps, rec, spans["plain"])
                 by_loaded = compare(classes, measured, steps, rec, spans["loaded"]) if loaded is not None else {}
                 for c, (n, med, ratio, diff) in sorted(by_plain.items()):
@@ -126,6 +145,13 @@ def main() -> None:
                           f"{lcell:>22}")
     if not found:
         sys.exit(f"{args.keep}: no kept config (a directory with collect/ and pair*/, as fidelity.py --keep writes)")
+    if summary:
+        print(f"\n{'config':24} {'rows':>4} {'loaded / record':>15} {'op bytes a step':>15} {'excess a step per MB':>20}")
+        for name, (ratio, rec_s, mb) in sorted(summary.items()):
+            r, m, per = excess_per_mb(ratio, rec_s, mb)
+            print(f"{name:24} {len(ratio):4d} {r:15.4f} {m:12.1f} MB {per:17.3f} ms")
+        print("(medians over the kept pairs and timed ranks; op bytes: the trace's bytes of the rank's "
+              "communication nodes after the warm-up)")
     print("\nrecord: compute a step (all compute), else the median span; ratio: all compute, the sums' ratio, else "
           "the median over the nodes of the run's span / the record's at the same node; diff: the difference summed "
           "a step; spans less the waits for a core, as the calibration takes them")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from compute_nodes import class_names, classify, compare, main  # noqa: E402
+from compute_nodes import class_names, classify, compare, excess_per_mb, main  # noqa: E402
 
 from prism_core.trace.schema import COMM, COMPUTE, WAIT  # noqa: E402
 
@@ -37,3 +37,11 @@ def test_a_directory_without_kept_runs_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["compute_nodes.py", str(tmp_path)])
     with pytest.raises(SystemExit, match="no kept config"):
         main()
+
+
+def test_excess_per_mb_takes_medians_over_rows_and_skips_ranks_without_ops():
+    ratio, mb, per = excess_per_mb([1.02, 1.04, 1.00], [0.1, 0.1, 0.1], [4.0, 8.0, 0.0])
+    assert ratio == pytest.approx(1.02)
+    assert mb == pytest.approx(4.0)
+    # (0.02 * 100 ms) / 4 MB = 0.5, (0.04 * 100 ms) / 8 MB = 0.5; the rank without bytes is left out
+    assert per == pytest.approx(0.5)
