@@ -68,7 +68,8 @@ def test_a_log_without_pairs_is_an_error(tmp_path: Path):
 def test_the_kept_logs_parse():
     for log in sorted(LOGS.glob("fidelity_item*.log")):
         cols = parse(log)
-        assert set(cols) == {f"tiny_moe_w2_{c}" for c in ("pp2", "dp2", "tp2", "ep2")}, log
+        # a run of the bench may take only some configs (`--configs`: item 34's took ep2 and tp2)
+        assert cols and set(cols) <= {f"tiny_moe_w2_{c}" for c in ("pp2", "dp2", "tp2", "ep2")}, log
         assert all(len(c["predicted"]) >= 2 for c in cols.values()), log
 
 
