@@ -8,7 +8,9 @@ variant's): how far apart the two ranks leave each blocking collective (median a
 |end of rank 1 - end of rank 0| over the measured steps), how much of a rank's compute ran
 beside the other rank's compute and beside its communication (the record's ranks are in step:
 mostly beside compute), and, in a co-run, how long after a rank that arrived last issued an op
-its own member's assistant put the virtual peer's part on the wire (`replay/arrivals.npy`).
+its own member's assistant put the virtual peer's part on the wire (`replay/arrivals.npy`);
+and, where the recorder noted it (`oncpu_s`), the CPU time each rank's own thread ran in its compute
+nodes against the record's same rank (mean of the two ranks).
 
     .venv/bin/python bench/co_run_step.py KEEP       # KEEP: a `bench/fidelity.py --keep` directory
 """
@@ -73,6 +75,16 @@ def in_step(ranks: list[dict], warmup: int = WARMUP) -> dict[str, float]:
             "beside_compute": float(np.mean(shares["compute"])), "beside_comm": float(np.mean(shares["comm"]))}
 
 
+def on_cpu(rank: dict, warmup: int = WARMUP) -> float:
+    """Seconds the rank's recording thread ran in its compute nodes after the warm-up (NaN where
+    the trace has no `oncpu_s`)."""
+    if "oncpu_node" not in rank:
+        return np.nan
+    nodes = np.asarray(rank["oncpu_node"], dtype=np.int64)
+    keep = rank["step"][nodes] >= warmup
+    return float(np.asarray(rank["oncpu_s"])[keep].sum())
+
+
 def late_hand_over(ranks: list[dict], handed: list[np.ndarray], warmup: int = WARMUP) -> float:
     """Median seconds from the issue of a blocking collective by the rank that arrived last to the
     moment its own member's assistant handed the virtual peer's part to gloo (`handed[r]`: member
@@ -118,7 +130,7 @@ def main() -> None:
             record = [_parts(pair / "record", r) for r in (0, 1)]
             if any(x is None for x in record):
                 continue
-            rows.append((config.name, pair.name, "record", in_step(record), np.nan))
+            rows.append((config.name, pair.name, "record", in_step(record), np.nan, np.nan))
             for name, members in co_runs(pair).items():
                 ranks = [_parts(members[r], r) for r in (0, 1)]
                 if any(x is None for x in ranks):
@@ -128,21 +140,25 @@ def main() -> None:
                     arrivals = np.load(members[r] / "replay" / "arrivals.npy")
                     peer = 1 - r
                     handed.append(arrivals[int(graph.offsets[peer]):int(graph.offsets[peer + 1])])
-                rows.append((config.name, pair.name, f"co-run {name}", in_step(ranks), late_hand_over(ranks, handed)))
+                cpu = np.mean([on_cpu(ranks[r]) / on_cpu(record[r]) for r in (0, 1)])
+                rows.append((config.name, pair.name, f"co-run {name}", in_step(ranks), late_hand_over(ranks, handed), cpu))
     if not rows:
         sys.exit(f"{args.keep}: no kept W=2 pair with its record (a directory with collect/ and pair*/, "
                  "as fidelity.py --keep writes)")
     print(f"{'config':18} {'pair':6} {'run':18} {'ops/step':>8} {'end skew med':>12} {'p90':>8} {'beside compute':>15} "
-          f"{'beside comm':>12} {'late hand-over':>15}")
-    for config, pair, run, s, lag in rows:
+          f"{'beside comm':>12} {'late hand-over':>15} {'on-CPU / record':>15}")
+    for config, pair, run, s, lag, cpu in rows:
         lag_cell = "-" if np.isnan(lag) else f"{lag * 1e6:.0f} us"
+        cpu_cell = "-" if np.isnan(cpu) else f"{cpu:.4f}"
         print(f"{config:18} {pair:6} {run:18} {s['ops']:8.1f} {s['skew_med'] * 1e6:9.0f} us {s['skew_p90'] * 1e6:5.0f} us "
-              f"{s['beside_compute']:15.3f} {s['beside_comm']:12.3f} {lag_cell:>15}")
+              f"{s['beside_compute']:15.3f} {s['beside_comm']:12.3f} {lag_cell:>15} {cpu_cell:>15}")
     print("\nops/step: blocking collectives a step (few, and the medians say little); end skew: |end of rank 1 - "
           "end of rank 0| over them after the warm-up; beside: "
           "share of a rank's compute time during which the other rank computed / was in a blocking op or a wait "
           "(mean of the two ranks); late hand-over: median time from the issue by the rank that arrived last to its own "
-          "member's assistant handing the virtual peer's part to gloo")
+          "member's assistant handing the virtual peer's part to gloo; on-CPU / record: the ranks' own "
+          "thread's CPU time in their compute nodes against the record's same rank (mean of the two; traces "
+          "recorded since the recorder notes it)")
 
 
 if __name__ == "__main__":

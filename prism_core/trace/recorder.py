@@ -10,6 +10,9 @@ other threads ran within it (`queued_own_s`) and the launch's assistant ran (`qu
 zero where the launcher named none that shares the rank's core); beside each communication node,
 the moment the backend handed the op over to the wire (a ring's thread starting it, or the call
 into gloo beginning), in `wire_node` / `wire_t`: what the rank's own issue cost before its op could move.
+Beside every compute node, the CPU time the recording thread itself ran within it (its thread CPU
+clock), in `oncpu_node` / `oncpu_s`: a span longer than another run's at the same node splits into
+this, the wait for a core, and time blocked (README, item 34).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from prism_core.trace.run_delay import OwnThreads, ProcessCpu, RunDelay
 from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE, REDUCE_CODE, WAIT
 
 _now = time.perf_counter
+_thread_cpu = time.thread_time_ns   # exact for the running thread (schedstat's sum lags until the next tick)
 _NCOL = len(COLUMNS)
 _T_START, _T_END = list(COLUMNS).index("t_start"), list(COLUMNS).index("t_end")
 _ASYNC = list(COLUMNS).index("async_")
@@ -57,6 +61,8 @@ class Recorder:
         self._stop_mark = 0.0
         self._delay = RunDelay.of_this_thread()     # the thread that starts the recorder runs the program
         self._delay_mark = self._delay.read() if self._delay is not None else 0
+        self._cpu_mark = _thread_cpu()
+        self.oncpu: list[tuple[int, int]] = []     # (compute node, ns the recording thread ran within it)
         self._own = OwnThreads() if self._delay is not None else None
         self._own_mark = self._own.read() if self._own is not None else 0
         self._helper = ProcessCpu.of_helper() if self._delay is not None else None
@@ -79,6 +85,9 @@ class Recorder:
             self.flight.computed(len(self.rows), self._compute_ns)
         if self.memory is not None:
             self.live.append((len(self.rows) - 1, self.memory.current_bytes()))
+        cpu = _thread_cpu()
+        self.oncpu.append((len(self.rows) - 1, cpu - self._cpu_mark))
+        self._cpu_mark = cpu
         if self._delay is not None:
             delay, own = self._delay.read(), self._own.read()
             helper = self._helper.read() if self._helper is not None else 0
@@ -92,6 +101,7 @@ class Recorder:
     def _compute_from(self, now: float) -> None:
         """Compute starts again at `now` (an op was issued, or a wait ended)."""
         self._mark = now
+        self._cpu_mark = _thread_cpu()
         if self.stopped is not None:
             self._stop_mark = self.stopped.total()
         if self._delay is not None:
@@ -222,6 +232,8 @@ class Recorder:
         np.savez(tmp, tables=np.frombuffer(json.dumps(self.tables()).encode(), dtype=np.uint8), **columns,
                  live_node=live[:, 0], live_bytes=live[:, 1], queued_node=queued[:, 0], queued_s=queued[:, 1] * 1e-9,
                  queued_own_s=queued[:, 2] * 1e-9, queued_helper_s=queued[:, 3] * 1e-9,
+                 oncpu_node=np.asarray([n for n, _ in self.oncpu], dtype=np.int64),
+                 oncpu_s=np.asarray([ns for _, ns in self.oncpu], dtype=np.float64) * 1e-9,
                  wire_node=np.asarray([n for n, _ in wire], dtype=np.int64),
                  wire_t=np.asarray([t for _, t in wire], dtype=np.float64))
         os.replace(tmp, path)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from co_run_step import in_step, late_hand_over, main, overlap  # noqa: E402
+from co_run_step import in_step, late_hand_over, main, on_cpu, overlap  # noqa: E402
 
 from prism_core.trace.schema import COMM, COMPUTE, OP_CODE  # noqa: E402
 
@@ -60,3 +60,9 @@ def test_a_directory_without_kept_runs_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["co_run_step.py", str(tmp_path)])
     with pytest.raises(SystemExit, match="no kept W=2 pair"):
         main()
+
+
+def test_on_cpu_sums_the_compute_nodes_after_the_warm_up():
+    rank = {"step": np.array([2, 3, 3, 4]), "oncpu_node": np.array([0, 2, 3]), "oncpu_s": np.array([5.0, 1.0, 2.0])}
+    assert on_cpu(rank) == 3.0
+    assert np.isnan(on_cpu({"step": np.array([3])}))

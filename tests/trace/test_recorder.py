@@ -10,6 +10,7 @@ import pytest
 
 import prism_core
 from prism_core import annotations
+from prism_core.trace import recorder as recorder_module
 from prism_core.trace.recorder import Recorder
 from prism_core.trace.schema import COMM, COMPUTE, OP_CODE, WAIT
 
@@ -304,3 +305,26 @@ def test_a_recorder_without_the_figure_notes_nothing(tmp_path):
     assert rec.queued == []
     with np.load(rec.write_part(tmp_path)) as part:
         assert len(part["queued_node"]) == 0
+
+
+def test_each_compute_node_notes_the_cpu_time_its_thread_ran_and_none_of_the_ops(tmp_path, monkeypatch):
+    clock = {"ns": 0}
+    monkeypatch.setattr(recorder_module, "_thread_cpu", lambda: clock["ns"])
+    rec = Recorder(0)
+    rec._delay = None
+    clock["ns"] = 7_000_000                      # 7 ms of CPU within the first compute node
+    idx = rec.issue("allreduce", "world", WORLD, -1, 64, "float32")
+    clock["ns"] = 9_000_000                      # 2 ms within the issue call: the op's
+    rec.issued(idx)
+    inline, began = rec.wait_begin(idx, blocking=True)
+    clock["ns"] = 10_000_000                     # 1 ms within the wait
+    rec.wait_end(idx, inline, began)
+    clock["ns"] = 13_000_000                     # 3 ms within the compute after it
+    rec.push("fwd", 0, 0)
+    rec.pop()                                    # an empty labelled node: none
+    assert [rec.rows[n][0] for n, _ in rec.oncpu] == [COMPUTE] * len(rec.oncpu)
+    with np.load(rec.write_part(tmp_path)) as part:
+        by_node = dict(zip(part["oncpu_node"].tolist(), part["oncpu_s"].tolist()))
+    assert by_node[0] == pytest.approx(0.007)
+    assert sorted(by_node.values())[-2:] == pytest.approx([0.003, 0.007])
+    assert sum(by_node.values()) == pytest.approx(0.010)      # the op's and the wait's 3 ms are in none
