@@ -9,9 +9,9 @@ at the same node and the difference per step. It tells a rate effect (every clas
 what computes beside the rank) from a cost after sleeping (only the nodes after long waits).
 
 A last table sets, per config, the loaded run's compute over the record's (median over the kept
-pairs and ranks) beside the bytes the rank's ops carry a step: in a co-run on 2 cores each rank's
-virtual peers live on its own core, so every byte it exchanges crosses that core twice, once for
-each end (README, item 34).
+pairs and ranks) beside the bytes the rank's ops carry a step: the co-runs' excess is largest where
+the ranks exchange the most, which are also the configs whose assistants work the most (README,
+item 34, where what it is not is measured).
 
     .venv/bin/python bench/compute_nodes.py KEEP        # KEEP: a `bench/fidelity.py --keep` directory
 """
