@@ -71,7 +71,8 @@ import numpy as np
 
 from prism_core.calibrate import predict
 from prism_core.calibrate.durations import load_ran, slice_timings, with_loaded_compute
-from prism_core.calibrate.predict import predict_from, replica_spans, timed_ranks
+from prism_core.calibrate.predict import predict_from, replica_timings, timed_ranks
+from prism_core.calibrate.resume import ResumeCost
 from prism_core.calibrate.stage import (calibrate_pass, co_runs, plan_orders, replica_runs, slice_jobs,
                                        time_and_calibrate)
 from prism_core.collect.stage import collect
@@ -139,6 +140,8 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
     (`--other-corun`; None where they did not run).
     "reordered": the DP replicas measured in a co-run reordered from their timed rank instead, as
     where none ran (None where none was measured).
+    "no-resume": the compute spans as measured, not moved to the waits the timeline puts before them
+    (calibrate/resume.py); every other variant moves them at the cost fitted from the pair's slices.
     `timing`: the slices of the pass that replayed this timeline (`--passes 2`); `record_dir`:
     the real run whose compute spans "real" takes. DP replicas measured in a co-run keep their
     spans from it, from the real run in "real", and take reorderings in "plain".
@@ -146,9 +149,16 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
     plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing", timing)
     match = match_ops(graph.trace)
     replicas = replica_runs(jobs)
+    warmup = cfg.job.warmup
+    # every variant moves its compute spans to the timeline's waits at the cost the calibration
+    # fitted from these slices (calibrate/resume.py), but "no-resume"
+    _, load = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs], [j.loaded for j in jobs],
+                          warmup=warmup)
+    cost = (ResumeCost.from_dict(load.get("resume")) if cfg.emulation.resume_cost and compute != "no-resume"
+            else None)
 
     def measured_replicas(waits_out: str = "assistant", where=lambda d: d) -> dict:
-        return replica_spans(graph.trace, match, [(where(d), ranks) for d, ranks in replicas], waits_out)
+        return replica_timings(graph.trace, match, [(where(d), ranks) for d, ranks in replicas], waits_out)
 
     if compute == "other":
         other = [_other(j.directory) for j in jobs]
@@ -179,14 +189,19 @@ def _variant(cfg, graph, root: Path, compute: str, timing: Path | None = None,
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
                                  [j.loaded for j in jobs])
         measured = {}
+    elif compute == "no-resume":
+        timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
+                                 [j.loaded for j in jobs])
+        measured = measured_replicas()
     else:
         timings, _ = timed_ranks(graph.trace, match, [(j.directory, j.sandbox) for j in jobs],
                                  [j.loaded for j in jobs])
         real = slice_timings(graph.trace, match, root / record_dir, list(range(cfg.job.world_size)))
         timings = with_loaded_compute(graph.trace, timings, real)     # swaps in the real run's compute spans
-        measured = {r: real[r].span for r in measured_replicas()}
-    prediction = predict_from(graph.trace, match, timings, plan.source, cfg.job.warmup, plan_orders(cfg, plan),
-                              measured=measured)
+        measured = {r: real[r] for r in measured_replicas()}
+    prediction = predict_from(graph.trace, match, timings, plan.source, warmup, plan_orders(cfg, plan),
+                              measured={r: t.span for r, t in measured.items()}, resume=cost,
+                              measured_gaps={r: t.resume_gap for r, t in measured.items()})
     return statistics.mean(statistics.median(t[cfg.job.warmup:]) for t in prediction.step_times.values())
 
 
@@ -660,6 +675,7 @@ def main() -> None:
                         else _classic_pair(cfg, graph, root, i, args.passes))
                 first_pass = args.passes == 1 or args.turns > 0    # the first pass's slices are there
                 pair["oracle"] = _variant(cfg, graph, root, "real") if first_pass else float("nan")
+                pair["noresume"] = _variant(cfg, graph, root, "no-resume") if first_pass else float("nan")
                 unloaded = _variant(cfg, graph, root, "plain") if first_pass else None
                 pair["plain"] = float("nan") if unloaded is None else unloaded
                 pair["queued"] = _variant(cfg, graph, root, "queued") if first_pass else float("nan")
@@ -687,6 +703,7 @@ def main() -> None:
                       f"({_pct(pair['emul'], pair['emul_real'])} against its own record {pair['emul_real']:.4f} s, "
                       f"{_pct(pair['emul_real'], real)} from the first)  "
                       f"with the real compute {pair['oracle']:.4f} s ({_pct(pair['oracle'], real)})  "
+                      f"without the resume cost {pair['noresume']:.4f} s ({_pct(pair['noresume'], real)})  "
                       f"without the loaded runs {pair['plain']:.4f} s ({_pct(pair['plain'], real)})  "
                       f"waits for a core kept {pair['queued']:.4f} s ({_pct(pair['queued'], real)})  "
                       f"all waits out {pair['allwaits']:.4f} s ({_pct(pair['allwaits'], real)})  "
@@ -719,6 +736,7 @@ def main() -> None:
                          _interval(real, col["pred"]), _interval(col["emul_real"], col["emul"]),
                          statistics.median([b / a - 1 for a, b in zip(col["emul_real"], col["emul"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["oracle"])]),
+                         statistics.median([b / a - 1 for a, b in zip(real, col["noresume"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["plain"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["queued"])]),
                          statistics.median([b / a - 1 for a, b in zip(real, col["allwaits"])]),
@@ -738,13 +756,13 @@ def main() -> None:
           f"pass(es), medians over {args.pairs} pairs, {how}; error = predicted (or emulated) vs real")
     print(f"{'config':<18} {'real (s)':>9} {'predicted (s)':>13} {'error':>8} {'pair-wise':>9} "
           f"{'90% interval':>15} {'real (s)':>9} {'emulated (s)':>12} {'error':>8} {'pair-wise':>9} {'90% interval':>15} "
-          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no load':>8} "
+          f"{'one pass':>9} {'error':>8} {'uncalibrated':>12} {'error':>8} {'self-check':>10} {'real compute':>12} {'no resume':>9} {'no load':>8} "
           f"{'queue kept':>10} {'all waits out':>13} {'real spread':>11} {'halves':>7} {'other':>10} {'2nd pass':>9} {'2nd real compute':>16} "
           f"{'plain compute':>13} {'loaded compute':>14} {'step noise':>10}")
-    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nl, qk, aw, hv, oj, p2, oc2, pc, lc, sn in rows:
+    for name, r, p, e, er, f, u, pw, sc, spread, ci_p, ci_e, epw, oc, nr, nl, qk, aw, hv, oj, p2, oc2, pc, lc, sn in rows:
         print(f"{name:<18} {r:9.4f} {p:13.4f} {_pct(p, r):>8} {100 * pw:+8.2f}% {_span(ci_p):>15} {er:9.4f} {e:12.4f} "
               f"{_pct(e, er):>8} {100 * epw:+8.2f}% {_span(ci_e):>15} {f:9.4f} {_pct(f, r):>8} "
-              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% {100 * aw:+12.2f}% "
+              f"{u:12.4f} {_pct(u, r):>8} {100 * sc:+9.2f}% {100 * oc:+11.2f}% {100 * nr:+8.2f}% {100 * nl:+7.2f}% {100 * qk:+9.2f}% {100 * aw:+12.2f}% "
               f"{100 * spread:10.2f}% {100 * hv:6.2f}% {100 * oj:+9.2f}% {100 * p2:+8.2f}% {100 * oc2:+15.2f}% "
               f"{100 * pc:+12.2f}% {100 * lc:+13.2f}% {100 * sn:9.2f}%")
     if STREAMED:
@@ -755,6 +773,8 @@ def main() -> None:
     print("real compute: each pair's prediction with the real run's compute spans in place of the slices' and of the "
           "DP replicas measured in co-runs (pair-wise median): the error of the slices' communication and of the "
           "calibration alone")
+    print("no resume: each pair's prediction with the compute spans as measured, not moved to the waits the "
+          "timeline puts before them (calibrate/resume.py; pair-wise median): what the resume cost moved")
     print("no load: each pair's prediction from its plain slices alone, their loaded runs left out (pair-wise median; "
           "nan where no slice had one): what the loaded runs' neighbours (co-runs or the stand-in load) moved")
     print("queue kept: each pair's prediction with the slices' compute spans holding the ranks' waits for their "

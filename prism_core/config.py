@@ -104,6 +104,10 @@ class EmulationConfig(_Strict):
                                                    "(emulation.neighbours), and compute nodes take their spans from "
                                                    "that run: in the full job a rank's neighbours compute too, "
                                                    "sharing its caches and memory")
+    resume_cost: bool = Field(True, description="calibration moves each compute span from the wait it was measured "
+                                                "after to the wait its timeline puts before it, at the cost of a "
+                                                "wait fitted from the slices' plain and loaded runs "
+                                                "(calibrate/resume.py): a co-run's ranks wait longer than the job's")
     co_run_assistant: Literal["idle", "normal"] = Field(
         "idle", description="the scheduling class of a co-run member's assistant, which shares its sandbox ranks' "
                             "cores: idle, it runs only while they wait, so that their compute spans hold none of "

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prism_core.calibrate.resume import compute_gaps
 from prism_core.calibrate.timeline import NO_RELEASE, OP_RELEASE, WAIT_RELEASE, CalibrationError, NodeModel
 from prism_core.trace import Trace, merge_parts
 from prism_core.trace.store import read_queued, read_wire
@@ -64,6 +65,7 @@ class RankTiming:
     peaks: list[int | None]
     run: str = ""                # the slice run it was measured in
     issue_cost: np.ndarray | None = None   # comm nodes: seconds from the rank's issue to the wire (0 unknown)
+    resume_gap: np.ndarray | None = None   # compute nodes: what the rank waited before each in its run (resume.py)
 
 
 def _check_same_structure(bare: Trace, rank: int, measured: dict[str, np.ndarray], where: Path) -> None:
@@ -151,13 +153,18 @@ def load_ran(slice_dir: Path) -> bool:
 
 
 def with_loaded_compute(bare: Trace, plain: dict[int, RankTiming], loaded: dict[int, RankTiming]) -> dict[int, RankTiming]:
-    """`plain`'s timings with the compute spans of `loaded` (the same ranks' loaded run)."""
+    """`plain`'s timings with the compute spans of `loaded` (the same ranks' loaded run), and the
+    waits before them there."""
     out = {}
     for r, t in plain.items():
         compute = bare.rank(r)["kind"] == COMPUTE
         span = t.span.copy()
         span[compute] = loaded[r].span[compute]
-        out[r] = replace(t, span=span)
+        gap = None
+        if loaded[r].resume_gap is not None:
+            gap = np.full(len(span), np.nan) if t.resume_gap is None else t.resume_gap.copy()
+            gap[compute] = loaded[r].resume_gap[compute]
+        out[r] = replace(t, span=span, resume_gap=gap)
     return out
 
 
@@ -216,7 +223,8 @@ def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.nd
     gaps = [0.0] + [max((ends[k] - ends[k - 1]) - steps[k], 0.0) for k in range(1, len(ends))]
     return RankTiming(span=span, release=release, completes_synced=synced, transfer=transfer, step_times=steps,
                       gaps=gaps, peaks=result.get("step_peaks") or [], run=str(slice_dir),
-                      issue_cost=_issue_cost(slice_dir / "trace_parts" / f"{rank}.npz", t0, t1, kind))
+                      issue_cost=_issue_cost(slice_dir / "trace_parts" / f"{rank}.npz", t0, t1, kind),
+                      resume_gap=compute_gaps(kind, t0, t1))
 
 
 def _issue_cost(part: Path, t0: np.ndarray, t1: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -238,6 +246,7 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
     """The whole graph's model: each rank's own timing, or that of the rank it is renamed from."""
     n = len(bare.columns["kind"])
     span, transfer, cost = np.zeros(n), np.zeros(n), np.zeros(n)
+    gap = np.full(n, np.nan)
     release = np.zeros(n, dtype=np.int8)
     synced = np.zeros(n, dtype=bool)
     for r in range(bare.world_size):
@@ -251,11 +260,14 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
         span[s], transfer[s], release[s], synced[s] = t.span, t.transfer, t.release, t.completes_synced
         if t.issue_cost is not None:
             cost[s] = t.issue_cost
+        if t.resume_gap is not None:
+            gap[s] = t.resume_gap
     ref = np.full(n, -1, dtype=np.int64)
     waits = np.nonzero(bare.columns["kind"] == WAIT)[0]
     rank_of = np.repeat(np.arange(bare.world_size), np.diff(bare.offsets))
     ref[waits] = bare.offsets[rank_of[waits]] + bare.columns["ref"][waits]
-    return NodeModel(span=span, release=release, ref=ref, completes_synced=synced, transfer=transfer, issue_cost=cost)
+    return NodeModel(span=span, release=release, ref=ref, completes_synced=synced, transfer=transfer, issue_cost=cost,
+                     resume_gap=gap)
 
 
 def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: dict[int, RankTiming],
@@ -343,8 +355,8 @@ def replica_copies(source: np.ndarray) -> dict[int, list[int]]:
 
 
 def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step: int,
-                  orders: int = REPLICA_ORDERS,
-                  measured: dict[int, np.ndarray] | None = None) -> tuple[NodeModel, np.ndarray]:
+                  orders: int = REPLICA_ORDERS, measured: dict[int, np.ndarray] | None = None,
+                  measured_gaps: dict[int, np.ndarray] | None = None) -> tuple[NodeModel, np.ndarray]:
     """DP replicas that take a timed rank's durations, each with its steps' compute in another order.
 
     Replicas of one rank run the same nodes, but each computes with noise of its own (the
@@ -366,6 +378,9 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     in `prism record` of the W=2 configs), which a reordering of one rank's steps turns into
     waits the real replicas did not have; a replica measured beside the rank has the same spells.
 
+    The waits each compute span was measured after (`model.resume_gap`, calibrate/resume.py) move
+    with the spans; `measured_gaps`: those of the `measured` replicas (unknown where left out).
+
     Returns the model and, per rank, the rank whose timeline it shares (the first replica with its
     order), for the quotient solver (`timeline.solve`).
     """
@@ -379,19 +394,27 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
             shares[r] = copies[order[r]]
     in_use = np.minimum(np.bincount(source, minlength=world), max(orders, 1))   # orders a rank's replicas take
     span = model.span.copy()
+    gap = model.resume_gap.copy() if model.resume_gap is not None else None
     for r in np.nonzero((order > 0) & (shares == np.arange(world)))[0]:   # one replica per order
         if measured and int(r) in measured:
             compute = bare.rank(int(r))["kind"] == COMPUTE
             span[bare.rank_slice(int(r))][compute] = np.asarray(measured[int(r)])[compute]
+            if gap is not None:
+                own = (measured_gaps or {}).get(int(r))
+                gap[bare.rank_slice(int(r))][compute] = np.nan if own is None else np.asarray(own)[compute]
             continue
         steps = _steady_compute(bare, int(r), first_step)
         if steps is not None:
             nodes = steps + bare.offsets[r]
             j, k, n = int(order[r]), int(in_use[source[r]]), len(steps)
             span[nodes] = np.roll(span[nodes], j * n // k if n >= k else j, axis=0)
+            if gap is not None:
+                gap[nodes] = np.roll(gap[nodes], j * n // k if n >= k else j, axis=0)
     for r in np.nonzero(shares != np.arange(world))[0]:    # the rest copy the first replica of their order
         span[bare.rank_slice(int(r))] = span[bare.rank_slice(int(shares[r]))]
-    return replace(model, span=span), shares
+        if gap is not None:
+            gap[bare.rank_slice(int(r))] = gap[bare.rank_slice(int(shares[r]))]
+    return replace(model, span=span, resume_gap=gap), shares
 
 
 def _steady_compute(bare: Trace, rank: int, first_step: int) -> np.ndarray | None:

@@ -10,24 +10,34 @@ members were timed in different slices have their members' noise pooled, loaded 
 DP replicas that take a timed rank's durations take its steps' compute in other orders, so that
 their collectives wait for the slowest as real replicas do, or the compute of the same replica
 run for real beside its timed rank in a co-run (`replica_spans`, `durations.replica_noise`).
+Last, each compute span moves from the wait it was measured after to the wait the timeline puts
+before it, at the cost of a wait fitted from the slices' plain and loaded runs (`resume.py`), and
+the timeline is solved again.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from prism_core.calibrate.durations import (RankTiming, load_ran, merge_model, pool_member_noise, replica_noise,
                                             slice_timings, step_ends, with_loaded_compute)
+from prism_core.calibrate.resume import ResumeCost, fit_resume_cost, resumed_spans, timeline_gaps
 from prism_core.calibrate.timeline import NodeModel, solve
 from prism_core.config import PrismConfig
 from prism_core.metrics import metrics_document, rank_metrics
 from prism_core.trace import Trace
 from prism_core.trace.schema import COMPUTE
 from prism_core.trace.matching import OpMatch, match_ops
+
+
+# the timeline solved again with the spans moved to its waits at most this many times, or until no
+# node's end moves by more than the tolerance
+RESUME_ROUNDS = 6
+RESUME_TOL_S = 1e-6
 
 
 @dataclass
@@ -44,41 +54,55 @@ class Prediction:
 
 def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray,
             loaded: list[Path | None] | None = None, warmup: int = 0, orders: int = 1,
-            replicas: list[tuple[Path, list[int]]] | None = None) -> Prediction:
+            replicas: list[tuple[Path, list[int]]] | None = None, resume: bool = True) -> Prediction:
     """`loaded[i]`: slice i run beside the neighbour load (None, or a run the load did not run in: its
     compute spans are the plain run's). DP replicas renamed from one timed rank take its steps
     from `warmup` on in up to `orders` orders (`durations.replica_noise`, `replica_orders`), or
-    their own compute where `replicas` (co-run members that ran replicas for real) has it."""
+    their own compute where `replicas` (co-run members that ran replicas for real) has it.
+    `resume`: compute spans move to the waits the timeline puts before them, at the cost fitted
+    from the slices' plain and loaded runs (`resume.py`; none where no loaded run ran)."""
     match = match_ops(bare)
-    timings, load = timed_ranks(bare, match, slices, loaded)
-    measured = replica_spans(bare, match, replicas or [])
+    timings, load = timed_ranks(bare, match, slices, loaded, warmup=warmup)
+    measured = replica_timings(bare, match, replicas or [])
     if load is not None:
         load["replicas_measured"] = sorted(measured)
-    return predict_from(bare, match, timings, source, warmup, orders, load, measured)
+    cost = ResumeCost.from_dict(load.get("resume")) if resume and load is not None else None
+    return predict_from(bare, match, timings, source, warmup, orders, load, {r: t.span for r, t in measured.items()},
+                        resume=cost, measured_gaps={r: t.resume_gap for r, t in measured.items()})
+
+
+def replica_timings(bare: Trace, match: OpMatch, runs: list[tuple[Path, list[int]]],
+                    waits_out: str = "assistant") -> dict[int, RankTiming]:
+    """What the DP replicas that ran for real in a co-run (`runs`: directory, ranks) measured there,
+    those whose co-run had every member bound to its core (`load_ran`); `waits_out` as in `slice_timings`."""
+    out: dict[int, RankTiming] = {}
+    for directory, ranks in runs:
+        if load_ran(directory):
+            out.update(slice_timings(bare, match, directory, ranks, waits_out))
+    return out
 
 
 def replica_spans(bare: Trace, match: OpMatch, runs: list[tuple[Path, list[int]]],
                   waits_out: str = "assistant") -> dict[int, np.ndarray]:
-    """The spans of DP replicas that ran for real in a co-run (`runs`: directory, ranks), those
-    whose co-run had every member bound to its core (`load_ran`); `waits_out` as in `slice_timings`."""
-    out: dict[int, np.ndarray] = {}
-    for directory, ranks in runs:
-        if load_ran(directory):
-            out.update({r: t.span for r, t in slice_timings(bare, match, directory, ranks, waits_out).items()})
-    return out
+    """The spans of `replica_timings`."""
+    return {r: t.span for r, t in replica_timings(bare, match, runs, waits_out).items()}
 
 
 def timed_ranks(bare: Trace, match: OpMatch, slices: list[tuple[Path, list[int]]],
-                loaded: list[Path | None] | None = None, waits_out: str = "assistant") -> tuple[dict[int, RankTiming], dict | None]:
+                loaded: list[Path | None] | None = None, waits_out: str = "assistant",
+                warmup: int = 0) -> tuple[dict[int, RankTiming], dict | None]:
     """What every timed rank measured in its slice, compute from the slice's loaded run where it
-    has one; and how many slices had one and how much longer their compute was. `waits_out`: as in
-    `slice_timings`."""
+    has one; and how many slices had one, how much longer their compute was, and what a wait cost
+    the compute after it, fitted over the steps from `warmup` on of the ranks timed in both runs
+    (`resume.py`; "resume": None where it could not be fitted). `waits_out`: as in `slice_timings`."""
     timings: dict[int, RankTiming] = {}
     used, plain_compute, loaded_compute = 0, 0.0, 0.0
+    samples = []
     for (directory, sandbox), load_dir in zip(slices, loaded or [None] * len(slices)):
         plain = slice_timings(bare, match, directory, sandbox, waits_out)
         if load_dir is not None and load_ran(load_dir):
             beside = slice_timings(bare, match, load_dir, sandbox, waits_out)
+            samples += _resume_samples(bare, plain, beside, warmup)
             plain_compute += _compute_total(bare, plain)
             plain = with_loaded_compute(bare, plain, beside)
             loaded_compute += _compute_total(bare, plain)
@@ -86,20 +110,53 @@ def timed_ranks(bare: Trace, match: OpMatch, slices: list[tuple[Path, list[int]]
         timings.update(plain)
     load = None
     if loaded is not None:
+        cost = fit_resume_cost(samples)
         load = {"slices": used, "of": len(slices),
-                "compute_ratio": loaded_compute / plain_compute if plain_compute > 0 else None}
+                "compute_ratio": loaded_compute / plain_compute if plain_compute > 0 else None,
+                "resume": cost.as_dict() if cost is not None else None}
     return timings, load
+
+
+def _resume_samples(bare: Trace, plain: dict[int, RankTiming], loaded: dict[int, RankTiming], warmup: int) -> list:
+    """Each rank's compute nodes from `warmup` on as (spans, waits before them) in its loaded run and in its plain one."""
+    out = []
+    for r, t in plain.items():
+        other = loaded[r]
+        if t.resume_gap is None or other.resume_gap is None:
+            continue
+        cols = bare.rank(r)
+        nodes = (cols["kind"] == COMPUTE) & (cols["step"] >= warmup)
+        out.append((other.span[nodes], other.resume_gap[nodes], t.span[nodes], t.resume_gap[nodes]))
+    return out
 
 
 def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], source: np.ndarray,
                  warmup: int = 0, orders: int = 1, load: dict | None = None,
-                 measured: dict[int, np.ndarray] | None = None) -> Prediction:
+                 measured: dict[int, np.ndarray] | None = None, resume: ResumeCost | None = None,
+                 measured_gaps: dict[int, np.ndarray] | None = None) -> Prediction:
     """The calibrated prediction from the timed ranks' measurements (`timed_ranks`) and the spans
-    of replicas measured in co-runs (`replica_spans`)."""
+    of replicas measured in co-runs (`replica_spans`; `measured_gaps`: the waits before them).
+    `resume`: each compute span moves from the wait it was measured after to the one the timeline
+    puts before it, and the timeline is solved again until its step ends stop moving (`resume.py`)."""
     model = merge_model(bare, timings, source)
     model = pool_member_noise(bare, match, model, timings, source)
-    model, shares = replica_noise(bare, model, source, warmup, orders, measured)
+    model, shares = replica_noise(bare, model, source, warmup, orders, measured, measured_gaps)
     end, start, rounds = solve(model, match, bare.offsets, source=shares)
+    if resume is not None and model.resume_gap is not None and np.isfinite(model.resume_gap).any():
+        measured_span = model.span
+        own = np.unique(shares)     # the ranks the quotient solver solves; the rest copy them
+        copies = [(bare.rank_slice(int(r)), bare.rank_slice(int(shares[r]))) for r in np.nonzero(shares != np.arange(len(shares)))[0]]
+        for _ in range(RESUME_ROUNDS):
+            gap = timeline_gaps(bare.columns["kind"], start, end, bare.offsets)
+            span = resumed_spans(measured_span, bare.columns["kind"], bare.offsets, model.resume_gap, gap, resume, own)
+            for to, of in copies:
+                span[to] = span[of]
+            model = replace(model, span=span)
+            before = end
+            end, start, more = solve(model, match, bare.offsets, source=shares)
+            rounds += more
+            if np.max(np.abs(end - before), initial=0.0) < RESUME_TOL_S:
+                break
     step_times, uncalibrated, peaks = {}, {}, {}
     for r in range(bare.world_size):
         t = timings[int(source[r])]

@@ -190,7 +190,7 @@ def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: lis
     loaded = [j.loaded for j in jobs]
     prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source,
                          loaded=loaded if any(loaded) else None, warmup=cfg.job.warmup, orders=plan_orders(cfg, plan),
-                         replicas=replica_runs(jobs))
+                         replicas=replica_runs(jobs), resume=cfg.emulation.resume_cost)
     document = prediction_metrics(cfg, prediction)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ class NodeModel:
     completes_synced: np.ndarray   # comm nodes: completion follows the last arrival (else own issue)
     transfer: np.ndarray      # comm nodes: seconds from the last arrival (or own issue) to completion
     issue_cost: np.ndarray | None = None   # comm nodes: seconds from issue to the wire (a replay's hand-over)
+    resume_gap: np.ndarray | None = None   # compute nodes: the wait before each in the run its span is from (NaN unknown)
 
 
 def solve(model: NodeModel, match: OpMatch, offsets: np.ndarray, source: np.ndarray | None = None,
