@@ -594,6 +594,13 @@ def _launch(args) -> None:
         raise SystemExit(f"unknown launch {kind!r}")
 
 
+def _on_sigterm(signum, frame) -> None:
+    # the first SIGTERM unwinds; a second (`timeout` passes its own on, a process manager often
+    # sends two) must not cut short the cleanups it started, which left stopped launches behind
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(143)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="pp2,dp2,tp2,ep2")
@@ -641,7 +648,7 @@ def main() -> None:
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
     # a SIGTERM unwinds like Ctrl-C: the launches' cleanups (take_turns, the launcher) stop their ranks
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if args.launch:
         _launch(args)
         return

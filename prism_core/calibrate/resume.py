@@ -11,9 +11,9 @@ The cost of node i is modelled as `C * (h_i + m h_(i-1) + m^2 h_(i-2) + ...)` wi
 `h_i = 1 - exp(-gap_i / tau)`: a core grows colder the longer it waits, and a node after several
 long waits in a row pays for the earlier ones too (memory `m`). It is fitted from what the slices
 already have: the same ranks' compute nodes timed twice, in the plain slice and in the loaded run,
-after different waits. Their difference, node by node, is a constant (what the loaded run's
-neighbours cost, which stays) plus `C` times the difference of the two runs' terms; `tau` and `m`
-are the pair of a grid that fits best. Calibration then moves every compute span from the waits
+after different waits. Their difference, node by node, is a share of the node (what the loaded
+run's neighbours cost, and the machine's speed moving between the runs: it stays) plus `C` times
+the difference of the two runs' terms; `tau` and `m` are the pair of a grid that fits best. Calibration then moves every compute span from the waits
 it was measured after to the waits its own timeline puts before it, and solves again until the
 timeline stops moving (`predict.predict_from`).
 """
@@ -45,11 +45,12 @@ MAX_SHARE = 0.5
 class ResumeCost:
     """What a compute node costs more after waits: `cost_s * (1 - exp(-gap / tau_s))` for the wait
     of `gap` seconds before it, plus `memory` times the same for the node before, and so on.
-    `offset_s`: the loaded run's excess over the plain run at equal waits (kept in its spans: its
-    neighbours' cost); `nodes`: the node pairs it was fitted on."""
+    `share`: the loaded run's nodes over the plain run's at equal waits, less 1 (kept in its spans:
+    its neighbours' cost, and the machine's speed moving between the runs); `nodes`: the node pairs
+    it was fitted on."""
     tau_s: float
     cost_s: float
-    offset_s: float
+    share: float
     nodes: int
     memory: float = 0.0
 
@@ -62,7 +63,7 @@ class ResumeCost:
 
     @classmethod
     def from_dict(cls, doc: dict | None) -> ResumeCost | None:
-        return None if not doc else cls(**{k: doc[k] for k in ("tau_s", "cost_s", "offset_s", "nodes", "memory")
+        return None if not doc else cls(**{k: doc[k] for k in ("tau_s", "cost_s", "share", "nodes", "memory")
                                            if k in doc})
 
 
@@ -107,25 +108,28 @@ def fit_resume_cost(samples: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     best = None
     for tau in TAUS_S:
         for memory in MEMORIES:
-            xs, ys = [], []
-            for d, (_, gap_a, _, gap_b) in zip(diffs, samples):
+            xs, ys, ss = [], [], []
+            for d, (_, gap_a, span_b, gap_b) in zip(diffs, samples):
                 x = history(_cold(np.asarray(gap_a, dtype=float), tau), memory) - \
                     history(_cold(np.asarray(gap_b, dtype=float), tau), memory)
                 ok = np.isfinite(x) & np.isfinite(d) & (np.abs(d) < OUTLIER_S)
                 xs.append(x[ok])
                 ys.append(d[ok])
-            x, y = np.concatenate(xs), np.concatenate(ys)
+                ss.append(np.asarray(span_b, dtype=float)[ok])
+            x, y, span = np.concatenate(xs), np.concatenate(ys), np.concatenate(ss)
             if len(x) < MIN_NODES or np.std(x) < 1e-3:
                 continue
-            design = np.column_stack([np.ones_like(x), x])
+            # the runs' other differences scale with the node (the neighbours' share of the
+            # machine, its speed moving between the runs): a share of the span, not a cost per node
+            design = np.column_stack([span, x])
             coef, *_ = np.linalg.lstsq(design, y, rcond=None)
             sse = float(np.sum((design @ coef - y) ** 2))
             if best is None or sse < best[0]:
                 best = (sse, tau, memory, coef, len(x))
     if best is None or best[3][1] <= 0:
         return None
-    _, tau, memory, (offset, cost), nodes = best
-    return ResumeCost(tau_s=float(tau), cost_s=float(cost), offset_s=float(offset), nodes=nodes, memory=float(memory))
+    _, tau, memory, (share, cost), nodes = best
+    return ResumeCost(tau_s=float(tau), cost_s=float(cost), share=float(share), nodes=nodes, memory=float(memory))
 
 
 def _cold(gap: np.ndarray, tau: float) -> np.ndarray:

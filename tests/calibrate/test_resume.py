@@ -58,40 +58,40 @@ def test_history_sums_the_earlier_nodes_terms_within_a_rank():
 
 def _two_runs(rng, n: int, cost: ResumeCost, noise_s: float = 5e-6):
     """One rank's `n` compute nodes timed twice: after waits of 0.2-0.8 ms (plain) and up to 1.5 ms
-    longer (loaded, which also pays `cost.offset_s` a node), each paying `cost` for them."""
+    longer (loaded, its nodes also `cost.share` longer), each paying `cost` for its waits."""
     base = rng.uniform(0.3 * MS, 3 * MS, n)
     gap_b = rng.uniform(0.2 * MS, 0.8 * MS, n)
     gap_a = gap_b + rng.uniform(0.0, 1.5 * MS, n)
     span_b = base + cost(gap_b) + rng.normal(0, noise_s, n)
-    span_a = base + cost.offset_s + cost(gap_a) + rng.normal(0, noise_s, n)
+    span_a = base * (1 + cost.share) + cost(gap_a) + rng.normal(0, noise_s, n)
     return span_a, gap_a, span_b, gap_b
 
 
 def test_the_fit_finds_a_known_cost_from_two_runs_of_the_same_nodes():
     rng = np.random.default_rng(0)
-    true = ResumeCost(tau_s=2 * MS, cost_s=0.3 * MS, offset_s=0.02 * MS, nodes=0, memory=0.5)
+    true = ResumeCost(tau_s=2 * MS, cost_s=0.3 * MS, share=0.02, nodes=0, memory=0.5)
     fitted = fit_resume_cost([_two_runs(rng, 3000, true), _two_runs(rng, 3000, true)])
     assert fitted is not None
     assert fitted.tau_s == true.tau_s and fitted.memory == true.memory
     assert fitted.cost_s == pytest.approx(true.cost_s, rel=0.05)
-    assert fitted.offset_s == pytest.approx(true.offset_s, abs=3e-6)
+    assert fitted.share == pytest.approx(true.share, abs=0.003)
     assert fitted.nodes == 6000
     assert ResumeCost.from_dict(fitted.as_dict()) == fitted
 
 
 def test_no_fit_from_too_few_nodes_equal_waits_or_waits_that_cost_nothing():
     rng = np.random.default_rng(1)
-    true = ResumeCost(tau_s=1 * MS, cost_s=0.2 * MS, offset_s=0.0, nodes=0)
+    true = ResumeCost(tau_s=1 * MS, cost_s=0.2 * MS, share=0.0, nodes=0)
     assert fit_resume_cost([_two_runs(rng, 100, true)]) is None
     span_a, gap_a, span_b, _ = _two_runs(rng, 2000, true)
     assert fit_resume_cost([(span_a, gap_a, span_b, gap_a)]) is None            # the same waits in both runs
-    cheaper = ResumeCost(tau_s=1 * MS, cost_s=-0.2 * MS, offset_s=0.0, nodes=0)
+    cheaper = ResumeCost(tau_s=1 * MS, cost_s=-0.2 * MS, share=0.0, nodes=0)
     assert fit_resume_cost([_two_runs(rng, 2000, cheaper)]) is None             # longer waits cost less
     assert fit_resume_cost([]) is None
 
 
 def test_spans_move_to_the_new_waits_by_at_most_half_themselves():
-    cost = ResumeCost(tau_s=1 * MS, cost_s=0.2 * MS, offset_s=0.0, nodes=0)
+    cost = ResumeCost(tau_s=1 * MS, cost_s=0.2 * MS, share=0.0, nodes=0)
     kind = np.array([COMPUTE, COMM, COMPUTE, COMM, COMPUTE, COMPUTE])
     span = np.array([1.0, 0.1, 1.0, 0.1, 0.1, 1.0]) * MS
     measured = np.array([np.nan, np.nan, 5.0, np.nan, 5.0, np.nan]) * MS
@@ -127,7 +127,7 @@ def _layers(spans: list[float], layers: int = 5):
 def test_calibration_moves_compute_measured_after_long_waits_to_the_timelines_short_ones():
     trace, model = _layers([1.0 * MS, 1.0 * MS])
     timings = _timed(trace, model, 5 * MS)
-    cost = ResumeCost(tau_s=1 * MS, cost_s=0.2 * MS, offset_s=0.0, nodes=1000)
+    cost = ResumeCost(tau_s=1 * MS, cost_s=0.2 * MS, share=0.0, nodes=1000)
     as_measured = predict_from(trace, match_ops(trace), timings, np.arange(2))
     moved = predict_from(trace, match_ops(trace), timings, np.arange(2), resume=cost)
     assert as_measured.step_times[0] == pytest.approx([5 * 1.1 * MS])
@@ -140,7 +140,7 @@ def test_calibration_moves_compute_measured_after_long_waits_to_the_timelines_sh
 def test_a_rank_that_waits_for_a_straggler_in_the_timeline_keeps_more_of_its_cost():
     trace, model = _layers([1.0 * MS, 1.5 * MS])
     timings = _timed(trace, model, 5 * MS)
-    cost = ResumeCost(tau_s=1 * MS, cost_s=0.2 * MS, offset_s=0.0, nodes=1000)
+    cost = ResumeCost(tau_s=1 * MS, cost_s=0.2 * MS, share=0.0, nodes=1000)
     moved = predict_from(trace, match_ops(trace), timings, np.arange(2), resume=cost)
     # rank 1 arrives last at every all-reduce, so its chain is the step: its nodes follow 0.1 ms
     delta = 0.2 * MS * (_cold(5 * MS, MS) - _cold(0.1 * MS, MS))
