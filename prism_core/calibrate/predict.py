@@ -50,6 +50,7 @@ class Prediction:
     rounds: int
     model: NodeModel
     loaded: dict | None = None               # slices whose compute came from a loaded run, and how much longer
+    measured_span: np.ndarray | None = None  # the model's spans before they moved to the timeline's waits (resume.py)
 
 
 def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray,
@@ -142,8 +143,8 @@ def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], so
     model = pool_member_noise(bare, match, model, timings, source)
     model, shares = replica_noise(bare, model, source, warmup, orders, measured, measured_gaps)
     end, start, rounds = solve(model, match, bare.offsets, source=shares)
+    measured_span = model.span
     if resume is not None and model.resume_gap is not None and np.isfinite(model.resume_gap).any():
-        measured_span = model.span
         own = np.unique(shares)     # the ranks the quotient solver solves; the rest copy them
         copies = [(bare.rank_slice(int(r)), bare.rank_slice(int(shares[r]))) for r in np.nonzero(shares != np.arange(len(shares)))[0]]
         for _ in range(RESUME_ROUNDS):
@@ -165,7 +166,7 @@ def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], so
         step_times[r] = times
         uncalibrated[r] = list(t.step_times)
         peaks[r] = list(t.peaks)
-    return Prediction(step_times, uncalibrated, peaks, end, start, rounds, model, load)
+    return Prediction(step_times, uncalibrated, peaks, end, start, rounds, model, load, measured_span)
 
 
 def _compute_total(bare: Trace, timings: dict[int, RankTiming]) -> float:
