@@ -10,7 +10,9 @@ error bootstrapped over the pairs (how far this machine's noise between runs mov
 beside them the ablation without inter-slice calibration (each rank as timed in its own slice),
 the prediction with the ranks' waits for their core left in the slices' compute spans,
 the prediction with the real run's compute spans in place of the slices' (what of the error
-is communication and calibration, and what is compute measured in another run), and the
+is communication and calibration, and what is compute measured in another run), the prediction
+with the compute spans as measured, not moved to the waits the timeline puts before them
+(calibrate/resume.py: "no resume"), and the
 prediction from the plain slices alone, their loaded runs left out (what the neighbours moved: the
 co-runs, or with `--neighbours stand_in` the MLP load).
 
