@@ -120,6 +120,14 @@ class EmulationConfig(_Strict):
                                                  "the pace its sandbox ranks compute at against their calibrated "
                                                  "spans, so that a host whose speed moved since the timing moves them "
                                                  "too (replay/follow.py)")
+    pace_reference: Literal["alone", "loaded"] = Field(
+        "alone", description="what a followed pace is read against: alone, the sandbox ranks' calibrated spans "
+                             "times their plain slices' compute over their loaded runs' at equal waits (no "
+                             "neighbour computing, as in an emulation: calibrate/durations.py alone_factor); "
+                             "loaded, their calibrated spans (a neighbour computing beside them)")
+    pace_steps: int = Field(10, ge=1, description="a followed pace is read over up to this many steps of the sandbox "
+                                                  "ranks' compute: the machine's drift, not one step's noise, which "
+                                                  "the calibrated spans carry already")
     awake_while_computing: bool = Field(True, description="a timed run placed alone (an emulation, a second timing "
                                                           "pass) keeps its assistant's cores awake while its virtual "
                                                           "ranks compute and lets them idle while they wait for the "

@@ -66,6 +66,9 @@ class RankTiming:
     run: str = ""                # the slice run it was measured in
     issue_cost: np.ndarray | None = None   # comm nodes: seconds from the rank's issue to the wire (0 unknown)
     resume_gap: np.ndarray | None = None   # compute nodes: what the rank waited before each in its run (resume.py)
+    # compute spans from a loaded run: how much of them the rank took alone (its plain run, as an
+    # emulation's rank of interest computes), `alone_factor`; replay/follow.py reads its pace against it
+    alone_factor: float | None = None
 
 
 def _check_same_structure(bare: Trace, rank: int, measured: dict[str, np.ndarray], where: Path) -> None:
@@ -152,19 +155,38 @@ def load_ran(slice_dir: Path) -> bool:
     return bool(cores) and sorted(doc.get("neighbour_load_ran") or []) == sorted(cores)
 
 
-def with_loaded_compute(bare: Trace, plain: dict[int, RankTiming], loaded: dict[int, RankTiming]) -> dict[int, RankTiming]:
+# a compute node counts towards `alone_factor` where its rank waited before it within this of the
+# same in both runs: a longer wait costs the node after it (calibrate/resume.py), and the factor is
+# what the neighbour, not the wait, made of it
+SAME_WAIT_S = 50e-6
+
+
+def alone_factor(plain: RankTiming, loaded: RankTiming, nodes: np.ndarray) -> float | None:
+    """The plain run's compute over the loaded run's, over the compute `nodes` its rank waited
+    about as long before in both (`SAME_WAIT_S`); None where there are none or the waits are unknown."""
+    if plain.resume_gap is None or loaded.resume_gap is None:
+        return None
+    same = nodes & (np.abs(plain.resume_gap - loaded.resume_gap) < SAME_WAIT_S)
+    total = float(loaded.span[same].sum())
+    return float(plain.span[same].sum()) / total if total > 0 else None
+
+
+def with_loaded_compute(bare: Trace, plain: dict[int, RankTiming], loaded: dict[int, RankTiming],
+                        warmup: int = 0) -> dict[int, RankTiming]:
     """`plain`'s timings with the compute spans of `loaded` (the same ranks' loaded run), and the
-    waits before them there."""
+    waits before them there; `alone_factor` over the steps from `warmup` on."""
     out = {}
     for r, t in plain.items():
-        compute = bare.rank(r)["kind"] == COMPUTE
+        cols = bare.rank(r)
+        compute = cols["kind"] == COMPUTE
         span = t.span.copy()
         span[compute] = loaded[r].span[compute]
         gap = None
         if loaded[r].resume_gap is not None:
             gap = np.full(len(span), np.nan) if t.resume_gap is None else t.resume_gap.copy()
             gap[compute] = loaded[r].resume_gap[compute]
-        out[r] = replace(t, span=span, resume_gap=gap)
+        out[r] = replace(t, span=span, resume_gap=gap,
+                         alone_factor=alone_factor(t, loaded[r], compute & (cols["step"] >= warmup)))
     return out
 
 

@@ -12,7 +12,10 @@ their collectives wait for the slowest as real replicas do, or the compute of th
 run for real beside its timed rank in a co-run (`replica_spans`, `durations.replica_noise`).
 Last, each compute span moves from the wait it was measured after to the wait the timeline puts
 before it, at the cost of a wait fitted from the slices' plain and loaded runs (`resume.py`), and
-the timeline is solved again.
+the timeline is solved again. Beside the model, `alone_span`: each compute span times how much of
+it its rank took alone (its plain run over its loaded run, at equal waits: `durations.alone_factor`),
+what a timed replay's rank of interest, alone beside its assistant, reads its pace against
+(replay/follow.py).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class Prediction:
     model: NodeModel
     loaded: dict | None = None               # slices whose compute came from a loaded run, and how much longer
     measured_span: np.ndarray | None = None  # the model's spans before they moved to the timeline's waits (resume.py)
+    alone_span: np.ndarray | None = None     # compute spans as their ranks would take them alone (no neighbour)
 
 
 def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarray,
@@ -105,7 +109,7 @@ def timed_ranks(bare: Trace, match: OpMatch, slices: list[tuple[Path, list[int]]
             beside = slice_timings(bare, match, load_dir, sandbox, waits_out)
             samples += _resume_samples(bare, plain, beside, warmup)
             plain_compute += _compute_total(bare, plain)
-            plain = with_loaded_compute(bare, plain, beside)
+            plain = with_loaded_compute(bare, plain, beside, warmup)
             loaded_compute += _compute_total(bare, plain)
             used += 1
         timings.update(plain)
@@ -158,6 +162,7 @@ def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], so
             rounds += more
             if np.max(np.abs(end - before), initial=0.0) < RESUME_TOL_S:
                 break
+    alone = alone_spans(bare, timings, source, model.span)
     step_times, uncalibrated, peaks = {}, {}, {}
     for r in range(bare.world_size):
         t = timings[int(source[r])]
@@ -166,7 +171,23 @@ def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], so
         step_times[r] = times
         uncalibrated[r] = list(t.step_times)
         peaks[r] = list(t.peaks)
-    return Prediction(step_times, uncalibrated, peaks, end, start, rounds, model, load, measured_span)
+    return Prediction(step_times, uncalibrated, peaks, end, start, rounds, model, load, measured_span, alone)
+
+
+def alone_spans(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray,
+                span: np.ndarray) -> np.ndarray | None:
+    """`span` (the calibrated model's) with every compute node of a rank whose timing came from a
+    loaded run times its `alone_factor` (replicas take their source rank's). None where no timed
+    rank has one."""
+    if not any(t.alone_factor is not None for t in timings.values()):
+        return None
+    kind = bare.columns["kind"]
+    factor = np.ones(len(span))
+    for r in range(bare.world_size):
+        f = timings[int(source[r])].alone_factor
+        if f is not None:
+            factor[bare.rank_slice(r)] = f
+    return np.where(kind == COMPUTE, span * factor, span)
 
 
 def _compute_total(bare: Trace, timings: dict[int, RankTiming]) -> float:

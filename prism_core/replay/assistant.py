@@ -1022,17 +1022,20 @@ class ReplayTiming:
     span: np.ndarray        # per node: seconds it takes (compute) on the calibrated timeline
     transfer: np.ndarray    # per node: seconds from the last arrival to completion (communication)
     issue_cost: np.ndarray  # per node: seconds a real rank took from issuing the op to the wire
+    alone_span: np.ndarray | None = None   # per node: compute as its rank took it alone (calibrate/predict.py)
 
 
 def load_timing(path: Path) -> ReplayTiming:
     with np.load(path) as data:
         cost = data["issue_cost"] if "issue_cost" in data.files else np.zeros_like(data["transfer"])
-        return ReplayTiming(span=data["span"], transfer=data["transfer"], issue_cost=cost)
+        alone = data["alone_span"] if "alone_span" in data.files else None
+        return ReplayTiming(span=data["span"], transfer=data["transfer"], issue_cost=cost, alone_span=alone)
 
 
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
-                  join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None) -> None:
+                  join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None,
+                  pace_reference: str = "alone", pace_steps: int = 1) -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1043,7 +1046,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     op (the sandbox ranks nudge `pace_socket`). `awake_fds`: timed, the pipes to the spins on this
     assistant's cores, which run while its virtual ranks compute (replay/awake.py). `follow_pace`:
     timed, the virtual ranks' compute follows the sandbox ranks' pace after that many warm-up
-    steps (replay/follow.py); None: it does not.
+    steps (replay/follow.py); None: it does not. `pace_reference`: "alone", the pace is read against
+    the sandbox ranks' compute as timed alone (the timeline's `alone_span`, where it has one), or
+    "loaded", against their calibrated spans; over up to `pace_steps` steps.
     """
     import torch
     import torch.distributed as dist
@@ -1087,11 +1092,13 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
             columns = trace.columns
             read = [] if off else pace_ranks(columns["kind"], columns["step"], trace.offsets, model.span,
                                              list(sandbox), follow_pace)
+            against = model.alone_span if pace_reference == "alone" and model.alone_span is not None else model.span
             for r in read:
                 cols = trace.rank(r)
-                reference[r] = reference_compute(cols["kind"], cols["step"], model.span[trace.rank_slice(r)], follow_pace)
+                reference[r] = reference_compute(cols["kind"], cols["step"], against[trace.rank_slice(r)], follow_pace)
             assistant.follow = PaceFollower({r: Path(result_dir) / "flight" / f"{r}.bin" for r in reference},
-                                            reference, off)
+                                            reference, off, pace_steps,
+                                            "alone" if against is model.alone_span else "loaded")
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)
@@ -1152,6 +1159,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--follow-pace", type=int, default=None, metavar="WARMUP",
                         help="timed: the virtual ranks' compute follows the sandbox ranks' pace after WARMUP steps "
                              "(replay/follow.py)")
+    parser.add_argument("--pace-reference", choices=("alone", "loaded"), default="alone",
+                        help="with --follow-pace: read the pace against the sandbox ranks' compute timed alone "
+                             "(the timeline's alone_span) or against their calibrated spans")
+    parser.add_argument("--pace-steps", type=int, default=1, metavar="N",
+                        help="with --follow-pace: read the pace over up to N steps")
     ns = parser.parse_args(argv)
     if (ns.pace or ns.join_late) and not ns.pace_socket:
         parser.error("--pace and --join-late need --pace-socket")
@@ -1166,7 +1178,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
                       ns.timing, pace, ns.pace_socket, ns.join_late,
-                      [int(fd) for fd in ns.awake_fds.split(",") if fd], ns.follow_pace)
+                      [int(fd) for fd in ns.awake_fds.split(",") if fd], ns.follow_pace, ns.pace_reference,
+                      ns.pace_steps)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

@@ -93,8 +93,10 @@ class PaceFollower:
     `reference_compute`."""
 
     def __init__(self, flights: dict[int, Path], reference: dict[int, tuple[np.ndarray, float, int]],
-                 off: str | None = None):
+                 off: str | None = None, steps: int = 1, against: str = "loaded"):
         self.flights, self.reference, self.off = flights, reference, off   # off: why no pace is read
+        self.against = against            # what the reference is (for the run's stats)
+        self.steps = max(int(steps), 1)   # the pace is read over up to this many windows (steps)
         self.maps: dict[int, np.memmap] = {}
         self.history: dict[int, deque] = {r: deque() for r in flights}
         self.pace, self._read_at = 1.0, -np.inf
@@ -110,8 +112,9 @@ class PaceFollower:
         return mm if len(mm) > COMPUTE_NS_FIELD else None
 
     def factor(self) -> float:
-        """The pace now: the sandbox ranks' compute over about their last step against the reference
-        for the same nodes (1 until a whole window has been seen)."""
+        """The pace now: the sandbox ranks' compute over about their last `steps` steps (fewer
+        until that many have been seen) against the reference for the same nodes (1 until a whole
+        window has been seen)."""
         now = time.perf_counter()
         if now - self._read_at < EVERY_S:
             return self.pace
@@ -129,8 +132,8 @@ class PaceFollower:
             at = float(cum[min(nodes, len(cum) - 1)])
             if not history or history[-1][0] != nodes:
                 history.append((nodes, ns * 1e-9, at))
-            # the oldest sample kept is the newest one a whole window back
-            while len(history) > 2 and at - history[1][2] >= window:
+            # the oldest sample kept is the newest one `steps` whole windows back
+            while len(history) > 2 and at - history[1][2] >= self.steps * window:
                 history.popleft()
             first = history[0]
             if at - first[2] >= window > 0:
@@ -146,5 +149,5 @@ class PaceFollower:
     def stats(self) -> dict:
         p = np.asarray(self.paces)
         return {"ranks": sorted(self.flights), "off": self.off, "updates": len(p),
-                "median": float(np.median(p)) if len(p) else None,
+                "against": self.against, "steps": self.steps, "median": float(np.median(p)) if len(p) else None,
                 "min": float(p.min()) if len(p) else None, "max": float(p.max()) if len(p) else None}

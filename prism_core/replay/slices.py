@@ -174,7 +174,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     if timing is not None:
         helper += ["--timing", str(timing)]
         if cfg.emulation.follow_pace:
-            helper += ["--follow-pace", str(cfg.job.warmup)]
+            helper += ["--follow-pace", str(cfg.job.warmup), "--pace-reference", cfg.emulation.pace_reference,
+                       "--pace-steps", str(cfg.emulation.pace_steps)]
     if join_late:
         name = socket_name(out_dir)
         helper += ["--pace-socket", name, "--join-late"]

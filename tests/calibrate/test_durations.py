@@ -8,12 +8,13 @@ Then the pooling of collectives whose members were timed in different runs.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from prism_core.calibrate.durations import (REPLICA_ORDERS, RankTiming, _rank_timing, pool_member_noise,
-                                            replica_noise, replica_orders)
+from prism_core.calibrate.durations import (REPLICA_ORDERS, SAME_WAIT_S, RankTiming, _rank_timing, alone_factor,
+                                            pool_member_noise, replica_noise, replica_orders, with_loaded_compute)
 from prism_core.calibrate.timeline import solve
 from prism_core.trace.matching import match_ops
 from prism_core.trace.schema import COMM, COMPUTE
@@ -320,3 +321,29 @@ def test_a_real_run_of_every_rank_keeps_its_compute_whole(tmp_path):
     timings = slice_timings(bare, match, tmp_path, [0, 1])
     for r in (0, 1):
         assert timings[r].span[[0, 2]] == pytest.approx([1.0, 0.9])
+
+
+def _run(span: list[float], gap: list[float]) -> RankTiming:
+    n = len(span)
+    return RankTiming(span=np.array(span), release=np.zeros(n, dtype=np.int8), completes_synced=np.zeros(n, dtype=bool),
+                      transfer=np.zeros(n), step_times=[1.0], gaps=[0.0], peaks=[None], resume_gap=np.array(gap))
+
+
+def test_alone_factor_counts_only_nodes_waited_for_alike_in_both_runs():
+    plain = _run([1.0, 1.0, 2.0, 5.0], [0.0, 10e-6, 0.0, 0.0])
+    # node 3 waited 1 ms longer in the loaded run (what a wait costs is calibrate/resume.py's), and
+    # node 2 is not among the nodes asked for; nodes 0 and 1 (waited for alike) took 1.25 s each
+    loaded = _run([1.25, 1.25, 4.0, 9.0], [0.0, 10e-6 + SAME_WAIT_S / 2, 0.0, 1e-3])
+    nodes = np.array([True, True, False, True])
+    assert alone_factor(plain, loaded, nodes) == pytest.approx(2.0 / (1.25 + 1.25))
+    assert alone_factor(plain, loaded, np.array([False, False, False, True])) is None   # none waited alike
+    assert alone_factor(replace(plain, resume_gap=None), loaded, nodes) is None         # waits unknown
+
+
+def test_loaded_compute_keeps_how_much_of_it_the_rank_took_alone(tmp_path):
+    trace, _ = build([[dict(compute(1.0), step=0), dict(compute(1.0), step=1), dict(compute(2.0), step=1)]], [])
+    plain = {0: _run([5.0, 1.0, 2.0], [0.0, 0.0, 0.0])}
+    loaded = {0: _run([1.0, 1.5, 2.5], [0.0, 0.0, 0.0])}
+    out = with_loaded_compute(trace, plain, loaded, warmup=1)[0]
+    assert out.span.tolist() == [1.0, 1.5, 2.5]
+    assert out.alone_factor == pytest.approx(3.0 / 4.0)      # the warm-up step left out

@@ -98,3 +98,18 @@ def test_no_pace_is_read_where_the_ranks_share_the_assistants_cores():
     assert "cores [1]" in shared_cores({"bound": True, "ranks": {"0": 0, "1": 1}, "assistant": [1]})
     assert "3 cores" in shared_cores({"bound": False, "reason": "2 rank(s) and the assistant need 3 cores"})
     assert "no placement" in shared_cores({})
+
+
+def test_pace_over_several_steps_grows_to_that_many_then_slides(tmp_path):
+    kind, step, span = np.tile(KIND, 2), np.concatenate([STEP, STEP + 2]), np.tile(SPAN, 2)   # four steps
+    flight = Flight(tmp_path, 0)
+    f = PaceFollower({0: tmp_path / "0.bin"}, {0: reference_compute(kind, step, span)}, steps=2, against="alone")
+    assert f.factor() == 1.0
+    flight.computed(3, 60_000_000)                  # step 0: 60 ms against 40
+    assert f.factor() == pytest.approx(1.5)         # one step seen: read over it
+    flight.computed(6, 140_000_000)                 # step 1: 80 ms against 40
+    assert f.factor() == pytest.approx(0.140 / 0.080)   # over both (over one step: 2.0)
+    flight.computed(9, 180_000_000)                 # step 2: 40 ms against 40
+    assert f.factor() == pytest.approx(0.120 / 0.080)   # steps 1 and 2: step 0 left the window
+    stats = f.stats()
+    assert stats["steps"] == 2 and stats["against"] == "alone" and stats["updates"] == 3

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prism_core.calibrate.durations import slice_timings
+from prism_core.calibrate.durations import alone_factor, slice_timings
 from prism_core.calibrate.resume import MAX_SHARE
 from prism_core.calibrate.stage import replica_runs, slice_jobs, time_and_calibrate
 from prism_core.collect import collect_rules
@@ -61,13 +61,15 @@ def test_moe_pp2_slices_predict_every_rank_with_the_real_runs_memory(tmp_path):
         assert entry["peak_memory_bytes"] == real["ranks"][r]["peak_memory_bytes"]
     assert (tmp_path / "calibrate" / "metrics.json").is_file()
     assert (tmp_path / "calibrate" / "timeline.npz").is_file()
-    _compute_spans_come_from_the_loaded_runs(graph.trace, jobs, document, tmp_path / "calibrate" / "timeline.npz")
+    _compute_spans_come_from_the_loaded_runs(graph.trace, jobs, document, tmp_path / "calibrate" / "timeline.npz",
+                                             cfg.job.warmup)
 
 
-def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) -> None:
+def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline, warmup: int) -> None:
     """Compute nodes take their spans from the slices' co-run (the two slices at once, each rank
     on a core of its own with its assistant); waits and point-to-point ops theirs from the
-    plain runs (collectives are pooled across slices)."""
+    plain runs (collectives are pooled across slices). The timeline's `alone_span` is each
+    compute span times its rank's plain compute over its co-run compute at equal waits."""
     if len(machine_cores()) < 2:     # no core for a second slice: no loaded runs
         assert "loaded_compute" not in document and all(j.loaded is None for j in jobs)
         return
@@ -109,6 +111,9 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline) ->
             if document["loaded_compute"]["resume"] is None:
                 assert np.all(moved == 0)
             assert np.all(np.abs(moved) <= MAX_SHARE * loaded[r].span[compute] + 1e-12)
+            f = alone_factor(plain[r], loaded[r], compute & (trace.columns["step"][s] >= warmup))
+            assert np.allclose(model["alone_span"][s][compute], model["span"][s][compute] * (1.0 if f is None else f))
+            assert np.array_equal(model["alone_span"][s][~compute], model["span"][s][~compute])
             assert np.array_equal(model["span"][s][own], plain[r].span[own])
             assert np.array_equal(model["transfer"][s][own], plain[r].transfer[own])
     assert sorted(cores) == machine_cores()[:len(jobs)]         # the two slices' ranks on cores apart
