@@ -40,7 +40,8 @@ With `--other-pace` each emulation runs again with its virtual ranks following i
 pace the other way (`emulation.follow_pace`, replay/follow.py), and a line after the table gives
 both. With `--other-reference` each emulation runs again with its pace read the other way
 (`emulation.pace_reference` and `pace_steps`: against the loaded runs' spans over one step, or the
-plain runs' over ten), and a line after the table gives both.
+plain runs' over ten), and a line after the table gives both; with `--other-steps` with the pace
+read as configured but over one step (`emulation.pace_steps`).
 
 With `--passes 2` (and `--turns`) the slices run a second time, their virtual ranks replaying the
 first pass's calibrated timeline in real time (calibrate/stage.py `time_and_calibrate`), taking
@@ -49,7 +50,7 @@ turns with the second record (and the emulations) and with loaded runs of their 
 compute spans) are against the second record, as the first pass's are against the first.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference]
+                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-steps]
                                        [--passes 2]] [--join-late]
                                        [--keep DIR]
 
@@ -399,7 +400,14 @@ VARIANTS = (
     EmulationVariant("other_reference", "ref", "emulate-ref", False,
                      lambda e: "with the pace read against the {} spans over {} step(s)".format(
                          *_other_reference(e))),
+    EmulationVariant("other_steps", "steps", "emulate-steps", False,
+                     lambda e: f"with the pace read over {_other_steps(e)} step(s)"),
 )
+
+
+def _other_steps(emulation) -> int:
+    """`--other-steps`: the pace read as configured but over one step, or over ten where configured one."""
+    return 1 if emulation.pace_steps > 1 else 10
 
 
 def _other_reference(emulation) -> tuple[str, int]:
@@ -590,7 +598,7 @@ def _launch(args) -> None:
     elif kind == "slice-timed":  # "slice-timed OUT GRAPH SANDBOX TIMELINE": a second pass's slice
         graph, sandbox, timeline = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), Path(timeline))
-    elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-ref"):
+    elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-ref", "emulate-steps"):
         # "emulate OUT GRAPH TIMELINE RANK"; -awake: cores the other way; -pace: following the pace the other way
         graph, timeline, rank = rest
         if kind == "emulate-awake":
@@ -599,6 +607,9 @@ def _launch(args) -> None:
         if kind == "emulate-pace":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"follow_pace": not cfg.emulation.follow_pace})})
+        if kind == "emulate-steps":
+            cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
+                update={"pace_steps": _other_steps(cfg.emulation)})})
         if kind == "emulate-ref":
             against, steps = _other_reference(cfg.emulation)
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
@@ -663,6 +674,10 @@ def main() -> None:
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with the "
                              "pace read the other way (emulation.pace_reference and pace_steps: against the loaded "
                              "runs' spans over one step, or against the plain runs' over ten); printed after the table")
+    parser.add_argument("--other-steps", action="store_true",
+                        help="with --turns and the emulations: each emulation also runs, taking turns too, with the "
+                             "pace read as configured but over one step (or ten where configured one: "
+                             "emulation.pace_steps); printed after the table")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
     parser.add_argument("--keep", type=Path, help="copy the graph and each pair's runs (and with --turns their "
@@ -678,12 +693,13 @@ def main() -> None:
     if args.passes not in (1, 2) or (args.turns > 0 and args.passes == 2 and (args.other_join or args.other_awake)):
         parser.error("--passes takes 1 or 2 (with --turns, 2 not with --other-join or --other-awake)")
     if (args.join_late or args.other_join or args.other_corun or args.other_awake or args.other_cost
-            or args.other_spin or args.other_pace or args.other_reference) and args.turns <= 0:
+            or args.other_spin or args.other_pace or args.other_reference or args.other_steps) and args.turns <= 0:
         parser.error("--join-late, --other-join, --other-corun, --other-awake, --other-cost, --other-spin, "
-                     "--other-pace and --other-reference run with --turns")
-    if (args.other_cost or args.other_spin or args.other_pace or args.other_reference) and args.no_emulate:
-        parser.error("--other-cost, --other-spin, --other-pace and --other-reference run the emulations a second "
-                     "way: not with --no-emulate")
+                     "--other-pace, --other-reference and --other-steps run with --turns")
+    if (args.other_cost or args.other_spin or args.other_pace or args.other_reference
+            or args.other_steps) and args.no_emulate:
+        parser.error("--other-cost, --other-spin, --other-pace, --other-reference and --other-steps run the "
+                     "emulations a second way: not with --no-emulate")
     if args.other_join + args.other_corun + args.other_awake > 1:
         parser.error("--other-join, --other-corun and --other-awake fill the same column: one at a time")
     rows, replicas = [], []
