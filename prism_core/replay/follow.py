@@ -6,17 +6,21 @@ speed moves between the two, a rank of interest computes at the speed of the mom
 virtual peers replay the speed of the timing (bench/fidelity.py: the emulated error goes with how
 far the machine moved in between). With `emulation.follow_pace` the assistant reads each sandbox
 rank's flight record (nodes closed, nanoseconds of compute so far: trace/flight.py) and compares
-its compute over about its last step with the calibrated spans of the same nodes; each virtual
-compute node then takes its calibrated span times that pace. The calibrated spans are the loaded
-runs' (a neighbour computing beside the rank). An emulation's rank has no neighbour computing:
-its assistant's cores only spin while the virtual ranks compute (replay/awake.py), and it
-computed 0.97-1.00 of a record's rank taking turns with it (bench/fidelity.py's kept runs,
-median per W=2 config; README, item 30), so the pace reads up to 3% fast on a machine that did
-not move, and more where the record's ranks slowed beside each other (item 31). Only sandbox ranks
-that compute a fair share of what their virtual peers compute are read (`pace_ranks`), and only
-where they have cores apart from the assistant's (`shared_cores`). On by default:
-over items 29-31 the emulations came within a median -1.88 / -1.53 / -0.20 / +0.51% of their
-record following the pace, -1.66 / +0.38 / +2.45 / +3.52% without (pp2 / dp2 / tp2 / ep2).
+its compute over about its last `emulation.pace_steps` steps with a reference for the same
+nodes; each virtual compute node then takes its calibrated span times that pace. The calibrated
+spans are the loaded runs' (a neighbour computing beside the rank). An emulation's rank has no
+neighbour computing: its assistant's cores only spin while the virtual ranks compute
+(replay/awake.py), and it computed 0.97-0.98 of its second record's same rank on every W=2
+config (README, items 30 and 36), so against those spans the pace reads that much fast. The
+reference is therefore, by default (`emulation.pace_reference: alone`), the calibrated spans
+times each rank's plain compute over its loaded compute at equal waits (the timeline's
+`alone_span`, calibrate/durations.py `alone_factor`). The pace is read over up to ten steps: the
+calibrated spans carry their timing run's step-to-step noise already, and a pace read over one
+step put the emulated rank's noise of the previous step on top of it (item 36). Only sandbox
+ranks that compute a fair share of what their virtual peers compute are read (`pace_ranks`), and
+only where they have cores apart from the assistant's (`shared_cores`). In item 36's four pairs
+the emulations came within +1.46 / -0.00 / +0.85 / +1.01% of their record (pp2 / dp2 / tp2 / ep2),
+-2.18 / -0.76 / -2.00 / -1.18% the former way (the loaded spans, one step), in the same turns.
 """
 
 from __future__ import annotations
