@@ -11,6 +11,9 @@ of pooling and replica orders, the calibration's rounds and wall time on the quo
 replicas of distinct orders (what `prism calibrate` runs), and — unless
 --no-full — the general solver over all W ranks for comparison, with the largest difference
 between them (pooled, the model must stay symmetric under the DP renaming for them to agree).
+A row after the quotient times what `prism calibrate` adds where loaded runs ran: each compute span
+moved to the wait its timeline has before it (`predict.move_to_timeline`, synthetic waits and
+cost) and the spans the pace of an emulation is read against (`predict.alone_spans`).
 
     .venv/bin/python bench/calibrate_scale.py [--dp 256] [--no-full]
 """
@@ -20,17 +23,20 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from prism_core.calibrate.durations import RankTiming, pool_member_noise, replica_noise, replica_orders
+from prism_core.calibrate.predict import alone_spans, move_to_timeline
+from prism_core.calibrate.resume import ResumeCost, timeline_gaps
 from prism_core.calibrate.timeline import OP_RELEASE, WAIT_RELEASE, NodeModel, solve
 from prism_core.collect import collect_rules
 from prism_core.config import load_config
 from prism_core.replay.slices import plan_slices
 from prism_core.trace.matching import match_ops
-from prism_core.trace.schema import COMM, WAIT
+from prism_core.trace.schema import COMM, COMPUTE, WAIT
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "moe_w1024.yaml"
 
@@ -87,9 +93,23 @@ def main() -> None:
     model, shares = replica_noise(trace, model, plan.source, cfg.job.warmup, orders)
     t_orders = time.perf_counter() - t0
     t0 = time.perf_counter()
-    end_q, _, rounds_q = solve(model, match, trace.offsets, source=shares)
+    end_q, start_q, rounds_q = solve(model, match, trace.offsets, source=shares)
     t_quotient = time.perf_counter() - t0
     rows = [(f"quotient ({orders} orders)", len(np.unique(shares)), rounds_q, t_quotient, "")]
+    # where loaded runs ran, `prism calibrate` then moves each compute span to the wait its timeline
+    # has before it (calibrate/resume.py) and scales a copy by each rank's alone factor: here each
+    # compute node was "measured" after its timeline's wait plus 0-1 ms, at a cost of 200 us
+    compute = trace.columns["kind"] == COMPUTE
+    measured_gap = timeline_gaps(trace.columns["kind"], start_q, end_q, trace.offsets)
+    measured_gap[compute] += np.random.default_rng(1).uniform(0.0, 1e-3, int(compute.sum()))
+    cost = ResumeCost(tau_s=1e-3, cost_s=200e-6, share=0.0, nodes=0, memory=0.5)
+    t0 = time.perf_counter()
+    moved, end_m, _, rounds_m = move_to_timeline(trace, match, replace(model, resume_gap=measured_gap), shares,
+                                                 end_q, start_q, cost)
+    alone_spans(trace, {r: replace(t, alone_factor=0.97) for r, t in slice_runs(plan.timed).items()}, plan.source,
+                moved.span)
+    rows.append(("+ moved to its waits", len(np.unique(shares)), rounds_m, time.perf_counter() - t0,
+                 f"step end {end_m.max() - end_q.max():+.4f} s"))
     if not args.no_full:
         t0 = time.perf_counter()
         end, _, rounds = solve(model, match, trace.offsets)

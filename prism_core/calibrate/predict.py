@@ -148,20 +148,9 @@ def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], so
     model, shares = replica_noise(bare, model, source, warmup, orders, measured, measured_gaps)
     end, start, rounds = solve(model, match, bare.offsets, source=shares)
     measured_span = model.span
-    if resume is not None and model.resume_gap is not None and np.isfinite(model.resume_gap).any():
-        own = np.unique(shares)     # the ranks the quotient solver solves; the rest copy them
-        copies = [(bare.rank_slice(int(r)), bare.rank_slice(int(shares[r]))) for r in np.nonzero(shares != np.arange(len(shares)))[0]]
-        for _ in range(RESUME_ROUNDS):
-            gap = timeline_gaps(bare.columns["kind"], start, end, bare.offsets)
-            span = resumed_spans(measured_span, bare.columns["kind"], bare.offsets, model.resume_gap, gap, resume, own)
-            for to, of in copies:
-                span[to] = span[of]
-            model = replace(model, span=span)
-            before = end
-            end, start, more = solve(model, match, bare.offsets, source=shares)
-            rounds += more
-            if np.max(np.abs(end - before), initial=0.0) < RESUME_TOL_S:
-                break
+    if resume is not None:
+        model, end, start, more = move_to_timeline(bare, match, model, shares, end, start, resume)
+        rounds += more
     alone = alone_spans(bare, timings, source, model.span)
     step_times, uncalibrated, peaks = {}, {}, {}
     for r in range(bare.world_size):
@@ -172,6 +161,34 @@ def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], so
         uncalibrated[r] = list(t.step_times)
         peaks[r] = list(t.peaks)
     return Prediction(step_times, uncalibrated, peaks, end, start, rounds, model, load, measured_span, alone)
+
+
+def move_to_timeline(bare: Trace, match: OpMatch, model: NodeModel, shares: np.ndarray, end: np.ndarray,
+                     start: np.ndarray, resume: ResumeCost) -> tuple[NodeModel, np.ndarray, np.ndarray, int]:
+    """`model` (solved: `end`, `start`) with each compute span moved from the wait it was measured
+    after (`model.resume_gap`) to the one the timeline puts before it at `resume`'s cost, solved
+    again until no node's end moves by `RESUME_TOL_S` (at most `RESUME_ROUNDS` times). Spans move
+    on the ranks the quotient solver solves (`shares`, `durations.replica_noise`); the rest copy
+    them. Returns the model, the ends and starts, and the solver's rounds."""
+    if model.resume_gap is None or not np.isfinite(model.resume_gap).any():
+        return model, end, start, 0
+    kind, measured = bare.columns["kind"], model.span
+    own = np.unique(shares)
+    copies = [(bare.rank_slice(int(r)), bare.rank_slice(int(shares[r])))
+              for r in np.nonzero(shares != np.arange(len(shares)))[0]]
+    rounds = 0
+    for _ in range(RESUME_ROUNDS):
+        gap = timeline_gaps(kind, start, end, bare.offsets)
+        span = resumed_spans(measured, kind, bare.offsets, model.resume_gap, gap, resume, own)
+        for to, of in copies:
+            span[to] = span[of]
+        model = replace(model, span=span)
+        before = end
+        end, start, more = solve(model, match, bare.offsets, source=shares)
+        rounds += more
+        if np.max(np.abs(end - before), initial=0.0) < RESUME_TOL_S:
+            break
+    return model, end, start, rounds
 
 
 def alone_spans(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray,

@@ -1,4 +1,5 @@
-"""bench/fidelity.py: the step noise of a run's figure; the turns' launches sharing the preload."""
+"""bench/fidelity.py: the step noise of a run's figure; the turns' launches sharing the preload; the
+emulations' second ways of reading the pace."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from fidelity import _share_preload, _step_noise, _timed_and_streamed  # noqa: E402
+from fidelity import _other_reference, _other_steps, _share_preload, _step_noise, _timed_and_streamed  # noqa: E402
+
+from prism_core.config import EmulationConfig  # noqa: E402
 
 from prism_core.replay.virtual_ops import ENV_PRELOAD  # noqa: E402
 
@@ -68,3 +71,11 @@ def test_a_timed_run_whose_assistant_streamed_is_flagged(tmp_path: Path):
     assert not _timed_and_streamed(run("emulate_1", {"timed": True, "inputs_streamed": False}))
     assert not _timed_and_streamed(run("slice_0", {"timed": False, "inputs_streamed": True}))   # structure only
     assert not _timed_and_streamed(run("record", None))                                          # no assistant
+
+
+def test_the_other_pace_reading_is_item_35s_way_against_the_default():
+    default = EmulationConfig()
+    assert (default.pace_reference, default.pace_steps) == ("alone", 10)
+    assert _other_reference(default) == ("loaded", 1) and _other_steps(default) == 1
+    former = default.model_copy(update={"pace_reference": "loaded", "pace_steps": 1})
+    assert _other_reference(former) == ("alone", 10) and _other_steps(former) == 10
