@@ -196,11 +196,12 @@ def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: lis
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / ".timeline.tmp.npz"
     m = prediction.model
+    # `alone_span` only where loaded runs gave one (replay/assistant.py reads `span` without it)
+    alone = {} if prediction.alone_span is None else {"alone_span": prediction.alone_span}
     np.savez(tmp, start=prediction.start, end=prediction.end, offsets=trace.offsets, span=m.span,
              transfer=m.transfer, release=m.release, completes_synced=m.completes_synced,
              issue_cost=m.issue_cost if m.issue_cost is not None else np.zeros_like(m.transfer),
-             measured_span=prediction.measured_span if prediction.measured_span is not None else m.span,
-             alone_span=prediction.alone_span if prediction.alone_span is not None else m.span)
+             measured_span=prediction.measured_span if prediction.measured_span is not None else m.span, **alone)
     tmp.replace(out_dir / "timeline.npz")
     write_metrics(out_dir / "metrics.json", document)
     return document
