@@ -41,7 +41,9 @@ pace the other way (`emulation.follow_pace`, replay/follow.py), and a line after
 both. With `--other-reference` each emulation runs again with its pace read the other way
 (`emulation.pace_reference` and `pace_steps`: against the loaded runs' spans over one step, or the
 plain runs' over ten), and a line after the table gives both; with `--other-steps` with the pace
-read as configured but over one step (`emulation.pace_steps`).
+read as configured but over one step (`emulation.pace_steps`). With `--other-ahead` each emulation
+runs again with what its virtual ranks send built the other way (`emulation.build_ahead`: by
+default while they compute up to the op, not when it comes due), and a line after the table gives both.
 
 With `--passes 2` (and `--turns`) the slices run a second time, their virtual ranks replaying the
 first pass's calibrated timeline in real time (calibrate/stage.py `time_and_calibrate`), taking
@@ -50,7 +52,7 @@ turns with the second record (and the emulations) and with loaded runs of their 
 compute spans) are against the second record, as the first pass's are against the first.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-steps]
+                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-steps] [--other-ahead]
                                        [--passes 2]] [--join-late]
                                        [--keep DIR]
 
@@ -402,6 +404,9 @@ VARIANTS = (
                          *_other_reference(e))),
     EmulationVariant("other_steps", "steps", "emulate-steps", False,
                      lambda e: f"with the pace read over {_other_steps(e)} step(s)"),
+    EmulationVariant("other_ahead", "ahead", "emulate-ahead", False,
+                     lambda e: "with what the virtual ranks send built " + ("when the op comes due" if e.build_ahead
+                                                                             else "while they compute up to it")),
 )
 
 
@@ -598,7 +603,7 @@ def _launch(args) -> None:
     elif kind == "slice-timed":  # "slice-timed OUT GRAPH SANDBOX TIMELINE": a second pass's slice
         graph, sandbox, timeline = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), Path(timeline))
-    elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-ref", "emulate-steps"):
+    elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-ref", "emulate-steps", "emulate-ahead"):
         # "emulate OUT GRAPH TIMELINE RANK"; -awake: cores the other way; -pace: following the pace the other way
         graph, timeline, rank = rest
         if kind == "emulate-awake":
@@ -607,6 +612,9 @@ def _launch(args) -> None:
         if kind == "emulate-pace":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"follow_pace": not cfg.emulation.follow_pace})})
+        if kind == "emulate-ahead":
+            cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
+                update={"build_ahead": not cfg.emulation.build_ahead})})
         if kind == "emulate-steps":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"pace_steps": _other_steps(cfg.emulation)})})
@@ -678,6 +686,10 @@ def main() -> None:
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with the "
                              "pace read as configured but over one step (or ten where configured one: "
                              "emulation.pace_steps); printed after the table")
+    parser.add_argument("--other-ahead", action="store_true",
+                        help="with --turns and the emulations: each emulation also runs, taking turns too, with what "
+                             "its virtual ranks send built the other way (emulation.build_ahead); printed after the "
+                             "table")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
     parser.add_argument("--keep", type=Path, help="copy the graph and each pair's runs (and with --turns their "
@@ -692,14 +704,12 @@ def main() -> None:
         return
     if args.passes not in (1, 2) or (args.turns > 0 and args.passes == 2 and (args.other_join or args.other_awake)):
         parser.error("--passes takes 1 or 2 (with --turns, 2 not with --other-join or --other-awake)")
-    if (args.join_late or args.other_join or args.other_corun or args.other_awake or args.other_cost
-            or args.other_spin or args.other_pace or args.other_reference or args.other_steps) and args.turns <= 0:
-        parser.error("--join-late, --other-join, --other-corun, --other-awake, --other-cost, --other-spin, "
-                     "--other-pace, --other-reference and --other-steps run with --turns")
-    if (args.other_cost or args.other_spin or args.other_pace or args.other_reference
-            or args.other_steps) and args.no_emulate:
-        parser.error("--other-cost, --other-spin, --other-pace, --other-reference and --other-steps run the "
-                     "emulations a second way: not with --no-emulate")
+    second_ways = ", ".join("--" + v.flag.replace("_", "-") for v in VARIANTS)
+    if (args.join_late or args.other_join or args.other_corun or args.other_awake or _variants(args)) \
+            and args.turns <= 0:
+        parser.error(f"--join-late, --other-join, --other-corun, --other-awake, {second_ways} run with --turns")
+    if _variants(args) and args.no_emulate:
+        parser.error(f"{second_ways} run the emulations a second way: not with --no-emulate")
     if args.other_join + args.other_corun + args.other_awake > 1:
         parser.error("--other-join, --other-corun and --other-awake fill the same column: one at a time")
     rows, replicas = [], []

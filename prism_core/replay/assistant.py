@@ -36,6 +36,15 @@ import numpy as np
 
 ENV_LAZY_GLOO = "TORCH_GLOO_LAZY_INIT"
 MAX_LEAD_S = 2e-3        # timed mode: the most a rank's timer fires ahead of its clock
+# timed mode: what a virtual rank sends in the ops it reaches within this much calibrated compute
+# after the node it computes now is built while it computes (at most AHEAD_OPS ops). Built when the
+# op came due, a dp2 emulation's 1 MB and 3 MB gradient all-reduces reached the wire a median 0.9
+# and 3.1 ms after their clock (the cache's tensors read, the ring's partials folded), each step,
+# and the rank of interest waited that long for its virtual peer (README, item 38). Counted in ops
+# instead (the next four), the next step's 3 MB build ran in the 0.8 ms between the two and made the
+# rank late there; by calibrated time it runs in the long backward before them.
+AHEAD_S = 0.02
+AHEAD_OPS = 16
 ASSISTANT = "assistant"
 
 
@@ -52,6 +61,16 @@ def _hold_until(when: float) -> None:
         pass
 
 
+def ops_ahead(before: np.ndarray, done: float, at: int, built: int, ahead_s: float = AHEAD_S,
+              most: int = AHEAD_OPS) -> range:
+    """Which of a rank's comm ops (counted in its order) to build ahead now: from `at`, its next
+    one, those whose calibrated compute before them (`before`, per op) is within `ahead_s` of what
+    it has computed by the end of its current node (`done`), at most `most`, less the `built`
+    first ones already built."""
+    last = min(int(np.searchsorted(before, done + ahead_s, side="right")), at + most, len(before))
+    return range(max(built, at), max(last, built, at))
+
+
 @dataclass
 class _Holds:
     """Timed mode: the gloo ops issued, those held until their clock (ready up to `lead` early),
@@ -61,6 +80,7 @@ class _Holds:
     held_s: float = 0.0
     most_ahead_s: float = -float("inf")
     cost_s: float = 0.0       # the real ranks' issue cost the ops were held for beyond their clock
+    late_s: float = 0.0       # how long after their clock the ops went on the wire, in all
 
 
 class _Handle:
@@ -219,7 +239,7 @@ def _nth_of_rank_set(trace) -> list[int]:
 
 class Assistant:
     def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float, model=None,
-                 source: np.ndarray | None = None, pacer=None, late_join=None, spin=None):
+                 source: np.ndarray | None = None, pacer=None, late_join=None, spin=None, build_ahead: bool = True):
         from prism_core.replay.awake import CoreSpin
         from prism_core.replay.virtual_ops import Inputs
         from prism_core.trace.matching import match_ops
@@ -269,6 +289,14 @@ class Assistant:
         self.follow = None        # timed mode, `--follow-pace`: the sandbox ranks' pace (follow.py)
         self._slipped = self._stop_base = 0.0    # stopped seconds seen in all, and when the replay began
         self.spin = spin if spin is not None else CoreSpin([])   # timed: its cores awake while virtual ranks compute
+        # timed mode: what virtual ranks send, built ahead on a thread of its own (`_build_ahead`)
+        self.ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="build-ahead") \
+            if model is not None and build_ahead else None
+        self.built_ahead = 0      # ops whose sends were built ahead
+        self._comm_nodes: dict[int, tuple] = {}        # rank -> its comm nodes and compute so far (timed)
+        self._ahead_next: dict[int, int] = {}          # rank -> its next comm node (by count) not yet built ahead
+        self._ahead_rings: dict[int, list] = {}        # op id -> its ring parts, being built
+        self._ahead_gloo: dict[int, object] = {}       # node -> future of (spec, tensors)
 
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
@@ -388,6 +416,7 @@ class Assistant:
                             if self.clock[r] - self.lead > time.perf_counter():
                                 self._at(self.clock[r] - self.lead, r)
                                 blocked[r] = (i - 1, "computing at")
+                                self._build_ahead(r, i)
                                 break
                         continue
                     if k == COMM:
@@ -601,6 +630,12 @@ class Assistant:
         return h
 
     def _issue_gloo(self, rank: int, i: int, h: _Handle) -> None:
+        ahead = self._ahead_gloo.pop(i, None)
+        spec, tensors = ahead.result() if ahead is not None else self._gloo_op(rank, i)
+        self._queue_gloo(rank, i, spec, tensors, h)
+
+    def _gloo_op(self, rank: int, i: int) -> tuple:
+        """What virtual `rank`'s op at node `i` is and what it sends (read from the cache)."""
         import torch
 
         from prism_core.replay.virtual_ops import OpSpec, prepare
@@ -619,7 +654,11 @@ class Assistant:
                       peer=self._position(g, peer) if kind in ("send", "recv") else None, tag=int(c["tag"][i]))
         if kind == "all_to_all_single" and c["splits"][i]:
             spec.member_splits, spec.row_bytes = self._member_splits(i, members)
-        tensors = prepare(spec, holder, self.inputs)
+        return spec, prepare(spec, holder, self.inputs)
+
+    def _queue_gloo(self, rank: int, i: int, spec, tensors, h: _Handle) -> None:
+        g = int(self.trace.columns["group"][i])
+        kind = spec.kind
         # Issuing a send or recv can block: a lazily connected gloo pair connects on its first op
         # in the calling thread, which needs the peer to reach that pair too. So p2p ops issue on a
         # pool thread, and whatever follows them on the same gloo group queues behind them (program
@@ -669,6 +708,7 @@ class Assistant:
                     holds.held += 1
                     holds.held_s += due - ready
                 holds.most_ahead_s = max(holds.most_ahead_s, due - handed)
+                holds.late_s += max(handed - due, 0.0)
         pg = self.pgs[pg_key[:2]]                 # a tree part's queue key names its queue too
         if isinstance(spec, TreePart):            # completes its members through its futures
             spec.run(pg)
@@ -733,32 +773,85 @@ class Assistant:
         """Count this virtual member in; once all are, the sandbox ranks' ring neighbours play their
         part (`replay.ring`); every virtual member completes when those parts are done.
         (All-reduce, all-gather or reduce-scatter: `self.ring[i]` says which.)"""
+        ring = self._all_arrived(rank, i, g, h)
+        if ring is None:
+            self._targets.pop(rank, None)             # it waits for the other virtual members
+            return
+        parts = self._ahead_rings.pop(int(self.match.op_id[i]), None)
+        if parts is None:
+            parts = self._ring_parts(i, g, ring.nodes)
+        self._share_due(ring.nodes.values(), [node for _, node, _ in parts])
+        ring.parts = len(parts)
+        if not parts:
+            self._ring_done(ring)
+            return
+        for rank_p, node, part in parts:
+            self._enqueue((rank_p, g), (node, part, None, ring))
+
+    def _ring_parts(self, i: int, g: int, nodes: dict[int, int]) -> list[tuple[int, int, object]]:
+        """(virtual member, its node, its `RingPart`) of each sandbox rank's ring neighbour in the op
+        at node `i` of group `g`; `nodes`: each virtual member's node in it."""
         import torch
 
         from prism_core.replay.ring import RingPart
         from prism_core.trace.schema import REDUCE_OPS
 
-        ring = self._all_arrived(rank, i, g, h)
-        if ring is None:
-            self._targets.pop(rank, None)             # it waits for the other virtual members
-            return
         members = self.trace.groups[g]
         sandbox = self._sandbox_positions(g)
-        parts = sorted(self._ring_neighbours(g))
-        self._share_due(ring.nodes.values(), [ring.nodes[members[p]] for p in parts])
-        ring.parts = len(parts)
-        if not parts:
-            self._ring_done(ring)
-            return
         c = self.trace.columns
         dtype = self.trace.dtypes[c["dtype"][i]] or "float32"
         numel = int(c["bytes"][i]) // torch_element_size(dtype)
         op = REDUCE_OPS[c["reduce"][i]]
-        for p in parts:
+        out = []
+        for p in sorted(self._ring_neighbours(g)):
             rank_p = members[p]
             part = RingPart(kind=RING_KINDS[self.ring[i]], me=p, k=len(members), sandbox=sandbox, op=op,
-                            numel=numel, dtype=getattr(torch, dtype), load=lambda i=ring.nodes[rank_p]: self._ring_inputs(i, members, numel, dtype))
-            self._enqueue((rank_p, g), (ring.nodes[rank_p], part, None, ring))
+                            numel=numel, dtype=getattr(torch, dtype),
+                            load=lambda n=nodes[rank_p]: self._ring_inputs(n, members, numel, dtype))
+            out.append((rank_p, nodes[rank_p], part))
+        return out
+
+    def _build_ahead(self, rank: int, i: int) -> None:
+        """Timed mode, virtual `rank` computing up to node `i`: build what it sends in the gloo ops
+        it reaches within `AHEAD_S` of calibrated compute after that (ring parts, cached inputs) on
+        the build-ahead thread, in order, so that each op is in hand when its clock comes, as a real
+        rank's data is."""
+        from prism_core.trace.schema import COMM, COMPUTE, OPS, P2P_OPS
+
+        if self.ahead_pool is None:
+            return
+        c = self.trace.columns
+        found = self._comm_nodes.get(rank)
+        if found is None:
+            s = self.trace.rank_slice(rank)
+            before = np.concatenate([[0.0], np.cumsum(np.where(c["kind"][s] == COMPUTE, self.model.span[s], 0.0))])
+            nodes = s.start + np.flatnonzero(c["kind"][s] == COMM)
+            found = self._comm_nodes[rank] = (nodes, before[nodes - s.start], before, s.start)
+        nodes, at_node, before, start = found
+        todo = ops_ahead(at_node, float(before[i - start]), int(np.searchsorted(nodes, i)),
+                         self._ahead_next.get(rank, 0))
+        if not todo:
+            return
+        self._ahead_next[rank] = todo.stop
+        for j in map(int, nodes[todo]):
+            g = int(c["group"][j])
+            op = int(c["op"][j])
+            if g not in self.real_groups or OPS[op] == "barrier":
+                continue
+            if self.ring[j]:
+                if self.ring[j] >= FIRST_TREE:        # a tree part reads its inputs as it goes
+                    continue
+                o = int(self.match.op_id[j])
+                if o in self._ahead_rings:
+                    continue
+                members = self.trace.groups[g]
+                parts = self._ahead_rings[o] = self._ring_parts(j, g, dict(self._member_nodes(j, members)))
+                for _, _, part in parts:
+                    part.prepare_on(self.ahead_pool)
+                self.built_ahead += 1
+            elif op not in P2P_OPS or int(c["peer"][j]) in self.sandbox:
+                self._ahead_gloo[j] = self.ahead_pool.submit(self._gloo_op, rank, j)
+                self.built_ahead += 1
 
     def _issue_tree(self, rank: int, i: int, g: int, h: _Handle) -> None:
         """Count this virtual member in; once all are, the sandbox ranks' tree neighbours play their
@@ -1014,6 +1107,8 @@ class Assistant:
             if pacer is not None:
                 pacer.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.ahead_pool is not None:
+            self.ahead_pool.shutdown(wait=True, cancel_futures=True)   # before the cache it reads closes
         self.inputs.close()
 
 
@@ -1035,7 +1130,7 @@ def load_timing(path: Path) -> ReplayTiming:
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
                   join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None,
-                  pace_reference: str = "alone", pace_steps: int = 1) -> None:
+                  pace_reference: str = "alone", pace_steps: int = 1, build_ahead: bool = True) -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1048,7 +1143,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     timed, the virtual ranks' compute follows the sandbox ranks' pace after that many warm-up
     steps (replay/follow.py); None: it does not. `pace_reference`: "alone", the pace is read against
     the sandbox ranks' compute as timed alone (the timeline's `alone_span`, where it has one), or
-    "loaded", against their calibrated spans; over up to `pace_steps` steps.
+    "loaded", against their calibrated spans; over up to `pace_steps` steps. `build_ahead`: timed,
+    what the virtual ranks send is built while they compute up to it (`Assistant._build_ahead`).
     """
     import torch
     import torch.distributed as dist
@@ -1078,7 +1174,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     from prism_core.replay.awake import CoreSpin
 
     spin = CoreSpin((awake_fds or []) if model is not None else [])
-    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join, spin)
+    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join, spin, build_ahead)
     if model is not None:
         from prism_core.replay.stopped import StoppedTime
 
@@ -1115,6 +1211,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "timed_issue_cost_s": assistant.holds.cost_s,
         "spun_cores": spin.cores, "spin_switches": spin.switches,
         "max_ahead_of_clock_s": assistant.holds.most_ahead_s if assistant.holds.ops else None,
+        "late_on_wire_s": assistant.holds.late_s, "built_ahead": assistant.built_ahead,
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,
@@ -1164,6 +1261,9 @@ def main(argv: list[str] | None = None) -> None:
                              "(the timeline's alone_span) or against their calibrated spans")
     parser.add_argument("--pace-steps", type=int, default=1, metavar="N",
                         help="with --follow-pace: read the pace over up to N steps")
+    parser.add_argument("--no-build-ahead", action="store_true",
+                        help="timed: build what a virtual rank sends when its op comes due, not while it computes "
+                             "up to it (an ablation)")
     ns = parser.parse_args(argv)
     if (ns.pace or ns.join_late) and not ns.pace_socket:
         parser.error("--pace and --join-late need --pace-socket")
@@ -1179,7 +1279,7 @@ def main(argv: list[str] | None = None) -> None:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
                       ns.timing, pace, ns.pace_socket, ns.join_late,
                       [int(fd) for fd in ns.awake_fds.split(",") if fd], ns.follow_pace, ns.pace_reference,
-                      ns.pace_steps)
+                      ns.pace_steps, not ns.no_build_ahead)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

@@ -13,6 +13,7 @@ group has arrived at the op, as no member of the real ring could finish before t
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
 import torch
@@ -39,11 +40,26 @@ class RingPart:
     dtype: torch.dtype
     load: Callable[[], list[torch.Tensor]]    # every position's input (cached, or zeros), flat
     _ready: tuple | None = field(default=None, init=False, repr=False, compare=False)   # prepare()'s
+    _building: Future | None = field(default=None, init=False, repr=False, compare=False)
+
+    def prepare_on(self, executor: Executor) -> None:
+        """Start building the part on `executor`, ahead of its op (timed mode: while its virtual
+        member still computes); `prepare` then waits for it."""
+        if self._ready is None and self._building is None:
+            self._building = executor.submit(self._build)
 
     def prepare(self) -> None:
         """Build what this member sends (from the cache) and the buffers it receives into. A real
         ring member has its data at hand when it arrives: the assistant prepares a part before it
-        stamps the member's arrival, so that the building is not taken for transfer time."""
+        stamps the member's arrival, so that the building is not taken for transfer time, and in
+        timed mode starts it while the member computes (`prepare_on`), so that it does not make
+        the member late either."""
+        building, self._building = self._building, None
+        if building is not None:
+            building.result()                 # an error building it is raised here
+        self._build()
+
+    def _build(self) -> None:
         if self._ready is None:
             k, me = self.k, self.me
             sends = self._sends() if (me + 1) % k in self.sandbox else None

@@ -173,6 +173,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--cache", str(graph_dir / CACHE_NAME)]
     if timing is not None:
         helper += ["--timing", str(timing)]
+        if not cfg.emulation.build_ahead:
+            helper += ["--no-build-ahead"]
         if cfg.emulation.follow_pace:
             helper += ["--follow-pace", str(cfg.job.warmup), "--pace-reference", cfg.emulation.pace_reference,
                        "--pace-steps", str(cfg.emulation.pace_steps)]

@@ -77,6 +77,8 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
     cost, kind = np.load(root / "calibrate" / "timeline.npz")["issue_cost"], graph.trace.columns["kind"]
     assert np.all(cost[kind != COMM] == 0) and np.all(cost[kind == COMM] > 0)
     assert replay["timed_issue_cost_s"] > 0
+    # what the virtual stage sends was built while it computed up to each send (emulation.build_ahead)
+    assert replay["built_ahead"] > 0 and replay["late_on_wire_s"] >= 0.0
     placement = doc["emulation"]["placement"]     # one rank of interest and the assistant: 2 cores
     # the virtual stage follows rank 1's pace (emulation.follow_pace, on by default) once a step is
     # seen, where rank 1 has a core apart from the assistant's

@@ -121,6 +121,46 @@ def test_a_prepared_part_reads_the_cache_once_and_sends_the_same_bytes():
     assert part._ready is None        # nothing kept after the run
 
 
+def test_a_part_built_ahead_on_another_thread_sends_what_one_built_at_its_op_does():
+    from concurrent.futures import ThreadPoolExecutor
+
+    k, sandbox = 4, frozenset({0, 1, 2})
+    inputs = [torch.randn(19) for _ in range(k)]
+    loads = []
+
+    def load():
+        loads.append(1)
+        return inputs
+
+    plain, ahead = _Recorder(), _Recorder()
+    RingPart(kind="allreduce", me=3, k=k, sandbox=sandbox, op="sum", numel=19, dtype=torch.float32,
+             load=load).run(plain)
+    part = RingPart(kind="allreduce", me=3, k=k, sandbox=sandbox, op="sum", numel=19, dtype=torch.float32,
+                    load=load)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        part.prepare_on(pool)
+        part.prepare_on(pool)         # once only
+        part.prepare()                # waits for the build, builds nothing more
+    assert len(loads) == 2
+    part.run(ahead)
+    assert len(loads) == 2 and len(ahead.sent) == len(plain.sent)
+    assert all(d1 == d2 and torch.equal(a, b) for (d1, a), (d2, b) in zip(plain.sent, ahead.sent))
+
+
+def test_an_error_building_ahead_is_raised_where_the_part_is_prepared():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def load():
+        raise OSError("the cache could not be read")
+
+    part = RingPart(kind="allreduce", me=1, k=2, sandbox=frozenset({0}), op="sum", numel=4, dtype=torch.float32,
+                    load=load)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        part.prepare_on(pool)
+        with pytest.raises(OSError, match="could not be read"):
+            part.prepare()
+
+
 @pytest.mark.timeout(400)
 def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tmp_path):
     script = tmp_path / "rings.py"
