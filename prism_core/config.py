@@ -128,8 +128,8 @@ class EmulationConfig(_Strict):
     pace_steps: int = Field(10, ge=1, description="a followed pace is read over up to this many steps of the sandbox "
                                                   "ranks' compute: the machine's drift, not one step's noise, which "
                                                   "the calibrated spans carry already")
-    build_ahead: bool = Field(True, description="a timed run builds what its virtual ranks send (ring partials "
-                                                "from the tensor cache, cached inputs) while they compute up to "
+    build_ahead: bool = Field(True, description="a timed run builds what its virtual ranks send in a ring (the "
+                                                "partials folded from the tensor cache) while they compute up to "
                                                 "the op, as a real rank has its data at hand when it arrives "
                                                 "(replay/assistant.py _build_ahead); false: when the op comes due")
     awake_while_computing: bool = Field(True, description="a timed run placed alone (an emulation, a second timing "

@@ -77,8 +77,8 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
     cost, kind = np.load(root / "calibrate" / "timeline.npz")["issue_cost"], graph.trace.columns["kind"]
     assert np.all(cost[kind != COMM] == 0) and np.all(cost[kind == COMM] > 0)
     assert replay["timed_issue_cost_s"] > 0
-    # what the virtual stage sends was built while it computed up to each send (emulation.build_ahead)
-    assert replay["built_ahead"] > 0 and replay["late_on_wire_s"] >= 0.0
+    late = replay["late_on_wire_s"]      # after their clock: each op's lateness, in quantiles
+    assert 0.0 <= late["median"] <= late["p90"] <= late["max"]
     placement = doc["emulation"]["placement"]     # one rank of interest and the assistant: 2 cores
     # the virtual stage follows rank 1's pace (emulation.follow_pace, on by default) once a step is
     # seen, where rank 1 has a core apart from the assistant's
@@ -191,6 +191,10 @@ def test_rank_of_another_dp_replica_is_emulated_from_a_rules_mode_graph(tmp_path
     doc = emulate(cfg, graph.directory, tmp_path / "calibrate" / "timeline.npz", tmp_path / "emulate", predicted)
     assert set(doc["ranks"]) == {"3"} and doc["ranks"]["3"]["iteration_time_s"] > 0
     assert doc["emulation"]["virtual_ranks"] == 3
+    # the DP all-reduces' ring parts (rank 3's neighbours, ranks 0 and 2, folding every member's
+    # cached gradients) were built while those ranks computed up to them (emulation.build_ahead)
+    replay = json.loads((tmp_path / "emulate" / "replay" / "stats.json").read_text())
+    assert replay["built_ahead"] > 0
     real = record(cfg, tmp_path / "record", options=RecordOptions(echo=False))
     assert doc["ranks"]["3"]["peak_memory_bytes"] == real["ranks"]["3"]["peak_memory_bytes"]
     assert_no_rank_processes()
