@@ -98,8 +98,9 @@ def test_a_left_neighbour_sends_the_full_rings_partials():
         assert torch.equal(t, full[2][a:b])
 
 
-def test_a_prepared_part_reads_the_cache_once_and_sends_the_same_bytes():
-    k, sandbox = 4, frozenset({0, 1, 2})
+def _counted_parts(op: str, k: int = 4):
+    """Two identical parts of virtual position k-1 (sandbox 0..k-2) that count their cache reads,
+    and what the first sent when run as built at its op."""
     inputs = [torch.randn(19) for _ in range(k)]
     loads = []
 
@@ -107,16 +108,22 @@ def test_a_prepared_part_reads_the_cache_once_and_sends_the_same_bytes():
         loads.append(1)
         return inputs
 
-    plain, prepared = _Recorder(), _Recorder()
-    RingPart(kind="allreduce", me=3, k=k, sandbox=sandbox, op="max", numel=19, dtype=torch.float32,
-             load=load).run(plain)
-    part = RingPart(kind="allreduce", me=3, k=k, sandbox=sandbox, op="max", numel=19, dtype=torch.float32,
-                    load=load)
+    def part():
+        return RingPart(kind="allreduce", me=k - 1, k=k, sandbox=frozenset(range(k - 1)), op=op, numel=19,
+                        dtype=torch.float32, load=load)
+    plain = _Recorder()
+    part().run(plain)
+    return part(), plain, loads
+
+
+def test_a_prepared_part_reads_the_cache_once_and_sends_the_same_bytes():
+    part, plain, loads = _counted_parts("max")
+    prepared = _Recorder()
     part.prepare()
     part.prepare()
     assert len(loads) == 2            # once per part: run() uses what prepare() built
     part.run(prepared)
-    assert len(loads) == 2 and len(prepared.sent) == len(plain.sent) == 2 * (k - 1)
+    assert len(loads) == 2 and len(prepared.sent) == len(plain.sent) == 2 * (4 - 1)
     assert all(d1 == d2 and torch.equal(a, b) for (d1, a), (d2, b) in zip(plain.sent, prepared.sent))
     assert part._ready is None        # nothing kept after the run
 
@@ -124,19 +131,8 @@ def test_a_prepared_part_reads_the_cache_once_and_sends_the_same_bytes():
 def test_a_part_built_ahead_on_another_thread_sends_what_one_built_at_its_op_does():
     from concurrent.futures import ThreadPoolExecutor
 
-    k, sandbox = 4, frozenset({0, 1, 2})
-    inputs = [torch.randn(19) for _ in range(k)]
-    loads = []
-
-    def load():
-        loads.append(1)
-        return inputs
-
-    plain, ahead = _Recorder(), _Recorder()
-    RingPart(kind="allreduce", me=3, k=k, sandbox=sandbox, op="sum", numel=19, dtype=torch.float32,
-             load=load).run(plain)
-    part = RingPart(kind="allreduce", me=3, k=k, sandbox=sandbox, op="sum", numel=19, dtype=torch.float32,
-                    load=load)
+    part, plain, loads = _counted_parts("sum")
+    ahead = _Recorder()
     with ThreadPoolExecutor(max_workers=1) as pool:
         part.prepare_on(pool)
         part.prepare_on(pool)         # once only
