@@ -629,11 +629,6 @@ class Assistant:
         return h
 
     def _issue_gloo(self, rank: int, i: int, h: _Handle) -> None:
-        spec, tensors = self._gloo_op(rank, i)
-        self._queue_gloo(rank, i, spec, tensors, h)
-
-    def _gloo_op(self, rank: int, i: int) -> tuple:
-        """What virtual `rank`'s op at node `i` is and what it sends (read from the cache)."""
         import torch
 
         from prism_core.replay.virtual_ops import OpSpec, prepare
@@ -652,11 +647,7 @@ class Assistant:
                       peer=self._position(g, peer) if kind in ("send", "recv") else None, tag=int(c["tag"][i]))
         if kind == "all_to_all_single" and c["splits"][i]:
             spec.member_splits, spec.row_bytes = self._member_splits(i, members)
-        return spec, prepare(spec, holder, self.inputs)
-
-    def _queue_gloo(self, rank: int, i: int, spec, tensors, h: _Handle) -> None:
-        g = int(self.trace.columns["group"][i])
-        kind = spec.kind
+        tensors = prepare(spec, holder, self.inputs)
         # Issuing a send or recv can block: a lazily connected gloo pair connects on its first op
         # in the calling thread, which needs the peer to reach that pair too. So p2p ops issue on a
         # pool thread, and whatever follows them on the same gloo group queues behind them (program
