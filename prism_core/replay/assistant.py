@@ -45,6 +45,10 @@ MAX_LEAD_S = 2e-3        # timed mode: the most a rank's timer fires ahead of it
 # rank late there; by calibrated time it runs in the long backward before them.
 AHEAD_S = 0.02
 AHEAD_OPS = 16
+# ... and only the parts that read at least this much of the cache (the op's bytes times its group's
+# members, whose partials are folded): tp2's 128-256 KB parts took 0.08-0.15 ms at the op, inside the
+# timer's lead, and built ahead on a second thread they took from the assistant's busy core (item 40)
+AHEAD_MIN_BYTES = 1 << 20
 ASSISTANT = "assistant"
 
 
@@ -69,6 +73,12 @@ def ops_ahead(before: np.ndarray, done: float, at: int, built: int, ahead_s: flo
     first ones already built."""
     last = min(int(np.searchsorted(before, done + ahead_s, side="right")), at + most, len(before))
     return range(max(built, at), max(last, built, at))
+
+
+def builds_ahead(nbytes: int, members: int, min_bytes: int = AHEAD_MIN_BYTES) -> bool:
+    """Whether a ring part of an op of `nbytes` in a group of `members` is built ahead: what
+    building it reads from the cache (every member's partial) is at least `min_bytes`."""
+    return nbytes * members >= min_bytes
 
 
 @dataclass
@@ -826,7 +836,8 @@ class Assistant:
         for j in map(int, nodes[todo]):
             g = int(c["group"][j])
             # a tree part reads its inputs as it goes
-            if g not in self.real_groups or not 0 < self.ring[j] < FIRST_TREE:
+            if g not in self.real_groups or not 0 < self.ring[j] < FIRST_TREE \
+                    or not builds_ahead(int(c["bytes"][j]), len(self.trace.groups[g])):
                 continue
             o = int(self.match.op_id[j])
             if o in self._ahead_rings:

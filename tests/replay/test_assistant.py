@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prism_core.replay.assistant import ops_ahead
+from prism_core.replay.assistant import AHEAD_MIN_BYTES, builds_ahead, ops_ahead
 
 
 def test_ops_within_the_horizon_of_calibrated_compute_are_built_once_each():
@@ -29,3 +29,15 @@ def test_a_single_long_node_builds_what_follows_it_when_it_starts():
     # one 100 ms node before the op: the horizon counts from the node's end, where the rank sleeps to
     before = np.array([0.100])
     assert ops_ahead(before, 0.100, 0, 0, ahead_s=0.02) == range(0, 1)
+
+
+def test_only_parts_that_read_much_of_the_cache_are_built_ahead():
+    # dp2's 1 MB and 3 MB gradient all-reduces fold both members' partials: built ahead
+    assert builds_ahead(1 << 20, 2) and builds_ahead(3 << 20, 2)
+    # tp2's 128-256 KB activation all-reduces are built at the op, inside the timer's lead
+    assert not builds_ahead(128 << 10, 2) and not builds_ahead(256 << 10, 2)
+    # the same 256 KB op over a 64-member group reads 16 MB of partials: built ahead
+    assert builds_ahead(256 << 10, 64)
+    # the bound itself is in
+    assert builds_ahead(AHEAD_MIN_BYTES // 4, 4) and not builds_ahead(AHEAD_MIN_BYTES // 4 - 1, 4)
+    assert builds_ahead(100, 2, min_bytes=0)
