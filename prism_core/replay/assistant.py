@@ -47,7 +47,8 @@ AHEAD_S = 0.02
 AHEAD_OPS = 16
 # ... and only the parts that read at least this much of the cache (the op's bytes times its group's
 # members, whose partials are folded): tp2's 128-256 KB parts took 0.08-0.15 ms at the op, inside the
-# timer's lead, and built ahead on a second thread they took from the assistant's busy core (item 40)
+# timer's lead, and built ahead on the second thread its emulations came 1.2-2.1 points higher in
+# all four pairs of README item 39 (item 40)
 AHEAD_MIN_BYTES = 1 << 20
 ASSISTANT = "assistant"
 
