@@ -815,8 +815,9 @@ class Assistant:
         """Timed mode, virtual `rank` computing up to node `i`: build the ring parts (the partials
         folded from the cache) of the ops it reaches within `AHEAD_S` of calibrated compute after
         that on the build-ahead thread, in order, so that each is in hand when its clock comes, as
-        a real rank's data is. Other ops only read their cached input at issue (a median 0.07 ms
-        for ep2's all-to-alls): built ahead too, they moved nothing measurable."""
+        a real rank's data is; only parts that read `AHEAD_MIN_BYTES` of the cache (`builds_ahead`).
+        Other ops only read their cached input at issue (a median 0.07 ms for ep2's all-to-alls):
+        built ahead too, they moved nothing measurable."""
         from prism_core.trace.schema import COMM, COMPUTE
 
         if self.ahead_pool is None:
