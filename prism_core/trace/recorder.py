@@ -56,9 +56,9 @@ class Recorder:
         self.flight = None   # trace.flight.Flight, when the launcher watches this rank
         self._compute_ns = 0   # time in compute nodes so far, for the flight record
         # a launch held stopped from outside (replay/stopped.py): its stopped seconds so far, which
-        # the compute time in the flight record leaves out
+        # the compute time in the flight record leaves out (read with the time: `_clock`)
         self.stopped = None
-        self._stop_mark = 0.0
+        self._held_mark = 0.0
         self._delay = RunDelay.of_this_thread()     # the thread that starts the recorder runs the program
         self._delay_mark = self._delay.read() if self._delay is not None else 0
         self._cpu_mark = _thread_cpu()
@@ -73,15 +73,28 @@ class Recorder:
         self.wire: list[tuple[int, float]] = []     # (comm node, when the backend handed it over to the wire)
 
     # -- points ------------------------------------------------------------------------------
-    def _close_compute(self, now: float) -> None:
+    def _clock(self) -> tuple[float, float]:
+        """Now, and the launch's stopped seconds so far (0 where it is not stopped from outside),
+        read with no stop between the two. The total is written before each continue, so a stop
+        that fell between reading the time and reading the total came back as compute: the
+        whole stop, 0.5 s, in 2 of 64 emulations of bench/fidelity.py (README item 43), whose
+        pace then read up to 1.39 and 1.96 for ten steps, and their virtual ranks computed that
+        much slower. A total that moved while the time was read is read again."""
+        if self.stopped is None:
+            return _now(), 0.0
+        while True:
+            held = self.stopped.total()
+            now = _now()
+            if self.stopped.total() == held:
+                return now, held
+
+    def _close_compute(self, now: float, held: float = 0.0) -> None:
+        """Close the compute node since the mark at `now`; `held`: the stopped seconds so far,
+        read with `now` (`_clock`)."""
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         self.rows.append([COMPUTE, 0, -1, -1, 0, 0, -1, -1, 0, -1, label, mb, chunk, self.step, 0, 0, self._mark, now])
         if self.flight is not None:
-            held = 0.0
-            if self.stopped is not None:
-                total = self.stopped.total()
-                held, self._stop_mark = total - self._stop_mark, total
-            self._compute_ns += max(int((now - self._mark - held) * 1e9), 0)
+            self._compute_ns += max(int((now - self._mark - (held - self._held_mark)) * 1e9), 0)
             self.flight.computed(len(self.rows), self._compute_ns)
         if self.memory is not None:
             self.live.append((len(self.rows) - 1, self.memory.current_bytes()))
@@ -95,32 +108,30 @@ class Recorder:
                 self.queued.append((len(self.rows) - 1, delay - self._delay_mark, max(own - self._own_mark, 0),
                                     max(helper - self._helper_mark, 0)))
             self._delay_mark, self._own_mark, self._helper_mark = delay, own, helper
-        self._mark = now
+        self._mark, self._held_mark = now, held
         self._last_issue = None
 
-    def _compute_from(self, now: float) -> None:
-        """Compute starts again at `now` (an op was issued, or a wait ended)."""
-        self._mark = now
+    def _compute_from(self, now: float, held: float = 0.0) -> None:
+        """Compute starts again at `now` (an op was issued, or a wait ended); `held` as in `_close_compute`."""
+        self._mark, self._held_mark = now, held
         self._cpu_mark = _thread_cpu()
-        if self.stopped is not None:
-            self._stop_mark = self.stopped.total()
         if self._delay is not None:
             self._delay_mark, self._own_mark = self._delay.read(), self._own.read()
             if self._helper is not None:
                 self._helper_mark = self._helper.read()
 
     def push(self, label: str, mb: int, chunk: int) -> None:
-        self._close_compute(_now())
+        self._close_compute(*self._clock())
         lid = self.labels.setdefault(label, len(self.labels))
         self._stack.append((lid, mb, chunk))
 
     def pop(self) -> None:
-        self._close_compute(_now())
+        self._close_compute(*self._clock())
         if self._stack:
             self._stack.pop()
 
     def iteration_end(self) -> None:
-        self._close_compute(_now())
+        self._close_compute(*self._clock())
         if self.memory is not None:
             self.step_peaks.append(self.memory.peak_bytes())
             self.memory.reset_peak()
@@ -143,8 +154,8 @@ class Recorder:
     def issue(self, op: str, group_name: str, ranks: tuple[int, ...], peer: int, nbytes: int, dtype: str,
               tag: int = -1, p2p_key: tuple | None = None, reduce: str = "", splits: list[int] | None = None) -> int:
         """Record an op at the moment it is issued; returns its node index."""
-        now = _now()
-        self._close_compute(now)
+        now, held = self._clock()
+        self._close_compute(now, held)
         gid = self.group_id(group_name, ranks)
         key = (gid,) if p2p_key is None else (gid, *p2p_key)
         seq = self._seq[key]
@@ -164,7 +175,7 @@ class Recorder:
 
     def issued(self, idx: int) -> None:
         """The issue call returned: later time is compute (or the wait) again."""
-        self._compute_from(_now())
+        self._compute_from(*self._clock())
         self._last_issue = idx
         if self.flight is not None:
             self.flight.idle()
@@ -182,33 +193,33 @@ class Recorder:
 
     def wait_begin(self, idx: int, blocking: bool) -> tuple[bool, float]:
         """`blocking`: the wait is part of a blocking call; it joins the comm node if nothing came between."""
-        now = _now()
+        now, held = self._clock()
         inline = blocking and self._last_issue == idx
         if not inline:
-            self._close_compute(now)
+            self._close_compute(now, held)
         if self.flight is not None:
             row = self.rows[idx]
             self.flight.set(WAITING, row[1], row[2], row[6], row[4], row[3])
         return inline, now
 
     def wait_end(self, idx: int, inline: bool, began: float) -> None:
-        now = _now()
+        now, held = self._clock()
         self.complete(idx, now)
         if self.flight is not None:
             self.flight.idle()
         if inline:
-            self._compute_from(now)
+            self._compute_from(now, held)
             self._last_issue = None
             return
         self.rows[idx][_ASYNC] = 1
         label, mb, chunk = self._stack[-1] if self._stack else (0, -1, -1)
         self.rows.append([WAIT, self.rows[idx][1], self.rows[idx][2], -1, 0, 0, -1, -1, 0, idx, label, mb, chunk,
                           self.step, 0, 0, began, now])
-        self._compute_from(now)
+        self._compute_from(now, held)
 
     # -- output ------------------------------------------------------------------------------
     def columns(self) -> dict[str, np.ndarray]:
-        self._close_compute(_now())
+        self._close_compute(*self._clock())
         if not self.rows:
             return {name: np.empty(0, dtype) for name, dtype in COLUMNS.items()}
         table = list(zip(*self.rows))

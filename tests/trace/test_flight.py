@@ -9,6 +9,7 @@ import pytest
 from prism_core.replay.stopped import StoppedTime, StoppedWriter
 from prism_core.trace.flight import (COMPUTE_NS_FIELD, COMPUTED_FIELD, IDLE, ISSUING, WAITING, Flight, explain,
                                      read_flights, read_issued, read_steps)
+from prism_core.trace import recorder
 from prism_core.trace.recorder import Recorder
 from prism_core.trace.schema import OP_CODE
 
@@ -137,3 +138,49 @@ def test_compute_time_leaves_out_the_launch_s_stopped_time(tmp_path):
     rec.push("forward", 0, -1)
     assert int(rec.flight.mm[COMPUTE_NS_FIELD]) - before == pytest.approx(
         (rec.rows[-1][-1] - rec.rows[-1][-2]) * 1e9, abs=2)
+
+
+class _StoppedHost:
+    """A clock and a launch's stopped total where a stop can fall right after the time is read
+    (`stop_after_next_read`), as SIGSTOP can between any two instructions."""
+
+    def __init__(self):
+        self.t, self.held, self.pending = 100.0, 0.0, 0.0
+
+    def now(self) -> float:
+        t = self.t
+        if self.pending:       # stopped now; the total is written before the continue
+            self.t += self.pending
+            self.held += self.pending
+            self.pending = 0.0
+        return t
+
+    def total(self) -> float:
+        return self.held
+
+
+def test_a_stop_right_after_the_time_is_read_is_not_compute(tmp_path, monkeypatch):
+    host = _StoppedHost()
+    monkeypatch.setattr(recorder, "_now", host.now)
+    rec = Recorder(0)
+    rec.flight, rec.stopped = Flight(tmp_path, 0), host
+
+    def compute_ns() -> int:
+        return int(rec.flight.mm[COMPUTE_NS_FIELD])
+
+    idx = rec.issue("send", "world", (0, 1), 1, 8, "float32")
+    host.pending = 0.5                  # stopped as the compute after the issue starts
+    rec.issued(idx)
+    before = compute_ns()
+    host.t += 0.010
+    rec.push("forward", 0, -1)          # 10 ms of compute, not 510
+    assert compute_ns() - before == pytest.approx(10_000_000, abs=1_000)
+    before = compute_ns()
+    host.t += 0.020
+    host.pending = 0.5                  # stopped as the next node closes
+    rec.pop()
+    host.t += 0.005
+    rec.push("backward", 0, -1)         # 20 ms, then 5 ms: neither loses its time nor gains the stop
+    assert compute_ns() - before == pytest.approx(25_000_000, abs=1_000)
+    starts = [row[-2] for row in rec.rows[-2:]]
+    assert starts[1] - starts[0] == pytest.approx(0.520)     # the node's times are the wall clock's
