@@ -52,7 +52,7 @@ turns with the second record (and the emulations) and with loaded runs of their 
 compute spans) are against the second record, as the first pass's are against the first.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-steps] [--other-ahead]
+                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-against] [--other-steps] [--other-ahead]
                                        [--passes 2]] [--join-late]
                                        [--keep DIR]
 
@@ -402,6 +402,9 @@ VARIANTS = (
     EmulationVariant("other_reference", "ref", "emulate-ref", False,
                      lambda e: "with the pace read against the {} spans over {} step(s)".format(
                          *_other_reference(e))),
+    EmulationVariant("other_against", "against", "emulate-against", False,
+                     lambda e: f"with the pace read against the {_other_against(e)} spans over {e.pace_steps} "
+                               "step(s)"),
     EmulationVariant("other_steps", "steps", "emulate-steps", False,
                      lambda e: f"with the pace read over {_other_steps(e)} step(s)"),
     EmulationVariant("other_ahead", "ahead", "emulate-ahead", False,
@@ -421,6 +424,12 @@ def _other_reference(emulation) -> tuple[str, int]:
     if emulation.pace_reference == "alone" or emulation.pace_steps > 1:
         return "loaded", 1
     return "alone", 10
+
+
+def _other_against(emulation) -> str:
+    """`--other-against`: the pace read against the other spans (the plain runs' or the loaded
+    runs'), over as many steps as configured: the reference alone, apart from the steps."""
+    return "loaded" if emulation.pace_reference == "alone" else "alone"
 
 
 def _variants(args) -> list[EmulationVariant]:
@@ -603,7 +612,8 @@ def _launch(args) -> None:
     elif kind == "slice-timed":  # "slice-timed OUT GRAPH SANDBOX TIMELINE": a second pass's slice
         graph, sandbox, timeline = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), Path(timeline))
-    elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-ref", "emulate-steps", "emulate-ahead"):
+    elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-ref", "emulate-steps", "emulate-ahead",
+                  "emulate-against"):
         # "emulate OUT GRAPH TIMELINE RANK"; -awake: cores the other way; -pace: following the pace the other way
         graph, timeline, rank = rest
         if kind == "emulate-awake":
@@ -622,6 +632,9 @@ def _launch(args) -> None:
             against, steps = _other_reference(cfg.emulation)
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"pace_reference": against, "pace_steps": steps})})
+        if kind == "emulate-against":
+            cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
+                update={"pace_reference": _other_against(cfg.emulation)})})
         emulate(_of_interest(cfg, int(rank)), Path(graph), Path(timeline), Path(out))
     elif kind in ("co-run", "co-run-other"):      # "co-run GRAPH OUT SANDBOX ...": the second word is the graph here
         if kind == "co-run-other":
@@ -682,6 +695,11 @@ def main() -> None:
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with the "
                              "pace read the other way (emulation.pace_reference and pace_steps: against the loaded "
                              "runs' spans over one step, or against the plain runs' over ten); printed after the table")
+    parser.add_argument("--other-against", action="store_true",
+                        help="with --turns and the emulations: each emulation also runs, taking turns too, with the "
+                             "pace read against the other spans (emulation.pace_reference: the loaded runs' where "
+                             "the plain runs' are configured, or the other way) over the configured steps; printed "
+                             "after the table")
     parser.add_argument("--other-steps", action="store_true",
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with the "
                              "pace read as configured but over one step (or ten where configured one: "

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from fidelity import _other_reference, _other_steps, _share_preload, _step_noise, _timed_and_streamed  # noqa: E402
+from fidelity import _other_against, _other_reference, _other_steps, _share_preload, _step_noise, _timed_and_streamed  # noqa: E402
 
 from prism_core.config import EmulationConfig  # noqa: E402
 
@@ -79,3 +79,4 @@ def test_the_other_pace_reading_is_item_35s_way_against_the_default():
     assert _other_reference(default) == ("loaded", 1) and _other_steps(default) == 1
     former = default.model_copy(update={"pace_reference": "loaded", "pace_steps": 1})
     assert _other_reference(former) == ("alone", 10) and _other_steps(former) == 10
+    assert _other_against(default) == "loaded" and _other_against(former) == "alone"
