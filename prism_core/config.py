@@ -121,10 +121,11 @@ class EmulationConfig(_Strict):
                                                  "spans, so that a host whose speed moved since the timing moves them "
                                                  "too (replay/follow.py)")
     pace_reference: Literal["alone", "loaded"] = Field(
-        "alone", description="what a followed pace is read against: alone, the sandbox ranks' calibrated spans "
-                             "times their plain slices' compute over their loaded runs' at equal waits (no "
-                             "neighbour computing, as in an emulation: calibrate/durations.py alone_factor); "
-                             "loaded, their calibrated spans (a neighbour computing beside them)")
+        "loaded", description="what a followed pace is read against: loaded, the sandbox ranks' calibrated spans "
+                              "(a neighbour computing beside them; an emulated rank computed 0.99 of its record's "
+                              "same rank, README items 42-43); alone, those spans times their plain slices' "
+                              "compute over their loaded runs' at equal waits (calibrate/durations.py "
+                              "alone_factor), which read the emulated rank 4% too fast in item 42")
     pace_steps: int = Field(10, ge=1, description="a followed pace is read over up to this many steps of the sandbox "
                                                   "ranks' compute: the machine's drift, not one step's noise, which "
                                                   "the calibrated spans carry already")

@@ -1134,7 +1134,7 @@ def load_timing(path: Path) -> ReplayTiming:
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
                   join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None,
-                  pace_reference: str = "alone", pace_steps: int = 1, build_ahead: bool = True) -> None:
+                  pace_reference: str = "loaded", pace_steps: int = 1, build_ahead: bool = True) -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1145,9 +1145,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     op (the sandbox ranks nudge `pace_socket`). `awake_fds`: timed, the pipes to the spins on this
     assistant's cores, which run while its virtual ranks compute (replay/awake.py). `follow_pace`:
     timed, the virtual ranks' compute follows the sandbox ranks' pace after that many warm-up
-    steps (replay/follow.py); None: it does not. `pace_reference`: "alone", the pace is read against
-    the sandbox ranks' compute as timed alone (the timeline's `alone_span`, where it has one), or
-    "loaded", against their calibrated spans; over up to `pace_steps` steps. `build_ahead`: timed,
+    steps (replay/follow.py); None: it does not. `pace_reference`: "loaded", the pace is read against
+    the sandbox ranks' calibrated spans, or "alone", against their compute as timed alone (the
+    timeline's `alone_span`, where it has one); over up to `pace_steps` steps. `build_ahead`: timed,
     what the virtual ranks send is built while they compute up to it (`Assistant._build_ahead`).
     """
     import torch
@@ -1260,7 +1260,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--follow-pace", type=int, default=None, metavar="WARMUP",
                         help="timed: the virtual ranks' compute follows the sandbox ranks' pace after WARMUP steps "
                              "(replay/follow.py)")
-    parser.add_argument("--pace-reference", choices=("alone", "loaded"), default="alone",
+    parser.add_argument("--pace-reference", choices=("alone", "loaded"), default="loaded",
                         help="with --follow-pace: read the pace against the sandbox ranks' compute timed alone "
                              "(the timeline's alone_span) or against their calibrated spans")
     parser.add_argument("--pace-steps", type=int, default=1, metavar="N",
