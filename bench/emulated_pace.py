@@ -27,9 +27,6 @@ from prism_core.trace import load_trace
 from prism_core.trace.flight import COMPUTE_NS_FIELD
 from prism_core.trace.schema import COMPUTE
 
-WARMUP = 2   # bench/fidelity.py's runs measure from the third step on
-
-
 @dataclass
 class Emulation:
     config: str
@@ -45,7 +42,7 @@ class Emulation:
 
 
 def compute_per_step(kind: np.ndarray, step: np.ndarray, t_start: np.ndarray, t_end: np.ndarray,
-                     warmup: int = WARMUP) -> float:
+                     warmup: int) -> float:
     """A rank's compute per step: the median over its measured steps (the last, which the run's
     end closes, left out) of the summed span of its compute nodes. A trace part's times already
     leave out the launch's stops (replay/stopped.py)."""
@@ -69,8 +66,13 @@ def _part(run: Path, rank: int) -> dict[str, np.ndarray]:
         return {k: z[k] for k in ("kind", "step", "t_start", "t_end")}
 
 
+def _warmup(run: Path) -> int:
+    """The run's warm-up steps, as it ran them (bench/fidelity.py sets its own)."""
+    return int(json.loads((run / "config.json").read_text())["job"]["warmup"])
+
+
 def _figure(run: Path, rank: int) -> float:
-    times = json.loads((run / "results" / f"{rank}.json").read_text())["step_times_s"][WARMUP:]
+    times = json.loads((run / "results" / f"{rank}.json").read_text())["step_times_s"][_warmup(run):]
     return statistics.median(times)
 
 
@@ -91,7 +93,7 @@ def read_pair(config: str, pair: Path, offsets: np.ndarray, compute: np.ndarray)
         if not (run / "results" / f"{r}.json").exists():
             continue
         own = _part(run, r)
-        per_step = compute_per_step(**own)
+        per_step = compute_per_step(**own, warmup=_warmup(run))
         compute_s = float(((own["t_end"] - own["t_start"])[own["kind"] == COMPUTE]).sum())
         flight_s = np.fromfile(run / "flight" / f"{r}.bin", dtype=np.int64)[COMPUTE_NS_FIELD] * 1e-9
         nodes = slice(int(offsets[r]), int(offsets[r + 1]))
@@ -104,7 +106,7 @@ def read_pair(config: str, pair: Path, offsets: np.ndarray, compute: np.ndarray)
                                                        _pace(other).get("median", float("nan")))
         out.append(Emulation(config, pair.name, r, _figure(run, r) / real - 1, pace.get("median", float("nan")),
                              pace.get("max", float("nan")), flight_s / compute_s,
-                             per_step / compute_per_step(**_part(record, r)), a, others))
+                             per_step / compute_per_step(**_part(record, r), warmup=_warmup(record)), a, others))
     return out
 
 

@@ -9,12 +9,12 @@ rank's flight record (nodes closed, nanoseconds of compute so far: trace/flight.
 its compute over about its last `emulation.pace_steps` steps with a reference for the same
 nodes; each virtual compute node then takes its calibrated span times that pace. The calibrated
 spans are the loaded runs' (a neighbour computing beside the rank), and they are the reference by
-default (`emulation.pace_reference: loaded`): an emulated rank computed a median 0.993 of its second
+default (`emulation.pace_reference: loaded`): an emulated rank computed a median 0.994 of its second
 record's same rank (README item 42, 40 emulations), nearly as its loaded runs did. The other
 reference (`alone`) is those spans times each rank's plain compute over its loaded compute at
 equal waits (the timeline's `alone_span`, calibrate/durations.py `alone_factor`); it assumed an
 emulated rank computes as fast as a plain slice's, which held in items 30 and 36 (0.97-0.98 of
-its record) but not in item 42 (0.993 against alone factors of a median 0.961: the virtual ranks
+its record) but not in item 42 (0.994 against alone factors of a median 0.961: the virtual ranks
 computed about 4% too slow; perhaps since ring parts are built ahead on the assistant's core,
 item 38, which is not measured apart).
 In item 43's four pairs, in the same turns, the emulations came -0.70 / +1.02 / -0.25 / +0.41%

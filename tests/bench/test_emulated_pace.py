@@ -45,6 +45,7 @@ def _run(directory: Path, rank: int, part: dict, step_s: float, pace: dict | Non
     (directory / "trace_parts").mkdir(parents=True, exist_ok=True)
     np.savez(directory / "trace_parts" / f"{rank}.npz", **part)
     (directory / "results").mkdir(exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({"job": {"warmup": 2}}))
     (directory / "results" / f"{rank}.json").write_text(json.dumps({"step_times_s": [step_s] * 10}))
     if pace is not None:
         (directory / "replay").mkdir()
