@@ -44,6 +44,9 @@ plain runs' over ten), and a line after the table gives both; with `--other-step
 read as configured but over one step (`emulation.pace_steps`). With `--other-ahead` each emulation
 runs again with what its virtual ranks send built the other way (`emulation.build_ahead`: by
 default while they compute up to the op, not when it comes due), and a line after the table gives both.
+With `--other-spans` each emulation runs again with its virtual ranks' spans the other way
+(`emulation.virtual_spans`: each node's as timed, or its position's trimmed mean over the steady
+steps, replay/steady.py), and a line after the table gives both.
 
 With `--passes 2` (and `--turns`) the slices run a second time, their virtual ranks replaying the
 first pass's calibrated timeline in real time (calibrate/stage.py `time_and_calibrate`), taking
@@ -52,7 +55,7 @@ turns with the second record (and the emulations) and with loaded runs of their 
 compute spans) are against the second record, as the first pass's are against the first.
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-against] [--other-steps] [--other-ahead]
+                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-against] [--other-steps] [--other-ahead] [--other-spans]
                                        [--passes 2]] [--join-late]
                                        [--keep DIR]
 
@@ -410,6 +413,9 @@ VARIANTS = (
     EmulationVariant("other_ahead", "ahead", "emulate-ahead", False,
                      lambda e: "with what the virtual ranks send built " + ("when the op comes due" if e.build_ahead
                                                                              else "while they compute up to it")),
+    EmulationVariant("other_spans", "spans", "emulate-spans", False,
+                     lambda e: "with the virtual ranks' spans " + ("as timed" if e.virtual_spans == "steady"
+                                                                   else "steady (replay/steady.py)")),
 )
 
 
@@ -612,7 +618,7 @@ def _launch(args) -> None:
     elif kind == "slice-timed":  # "slice-timed OUT GRAPH SANDBOX TIMELINE": a second pass's slice
         graph, sandbox, timeline = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), Path(timeline))
-    elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-ref", "emulate-steps", "emulate-ahead",
+    elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-ref", "emulate-steps", "emulate-ahead", "emulate-spans",
                   "emulate-against"):
         # "emulate OUT GRAPH TIMELINE RANK"; -awake: cores the other way; -pace: following the pace the other way
         graph, timeline, rank = rest
@@ -622,6 +628,9 @@ def _launch(args) -> None:
         if kind == "emulate-pace":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"follow_pace": not cfg.emulation.follow_pace})})
+        if kind == "emulate-spans":
+            cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
+                update={"virtual_spans": "timed" if cfg.emulation.virtual_spans == "steady" else "steady"})})
         if kind == "emulate-ahead":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"build_ahead": not cfg.emulation.build_ahead})})
@@ -708,6 +717,10 @@ def main() -> None:
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with what "
                              "its virtual ranks send built the other way (emulation.build_ahead); printed after the "
                              "table")
+    parser.add_argument("--other-spans", action="store_true",
+                        help="with --turns and the emulations: each emulation also runs, taking turns too, with its "
+                             "virtual ranks' spans the other way (emulation.virtual_spans: as timed, or steady); "
+                             "printed after the table")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
     parser.add_argument("--keep", type=Path, help="copy the graph and each pair's runs (and with --turns their "

@@ -425,7 +425,7 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
                 own = (measured_gaps or {}).get(int(r))
                 gap[bare.rank_slice(int(r))][compute] = np.nan if own is None else np.asarray(own)[compute]
             continue
-        steps = _steady_compute(bare, int(r), first_step)
+        steps = steady_compute(bare, int(r), first_step)
         if steps is not None:
             nodes = steps + bare.offsets[r]
             j, k, n = int(order[r]), int(in_use[source[r]]), len(steps)
@@ -439,7 +439,7 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     return replace(model, span=span, resume_gap=gap), shares
 
 
-def _steady_compute(bare: Trace, rank: int, first_step: int) -> np.ndarray | None:
+def steady_compute(bare: Trace, rank: int, first_step: int) -> np.ndarray | None:
     """Compute nodes of the rank's steps from `first_step` that run the most common sequence of
     them (same ops and labels), as [step, position] (local node indices); None with fewer than
     two such steps."""

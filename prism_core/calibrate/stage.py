@@ -62,10 +62,12 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
 def _timed_kind(cfg: PrismConfig, timed: bool) -> str:
     """The settings a slice's spans depend on beyond its key, in its directory's name, so that a
     changed setting runs it afresh: its assistant's cores kept awake and, in a timed slice (a
-    second pass), its virtual ranks following the pace."""
+    second pass), its virtual ranks following the pace and taking steady spans."""
     kind = "_awake" if awake_setting(cfg, timed) else ""
     if timed and cfg.emulation.follow_pace:
         kind += "_pace"
+    if timed and cfg.emulation.virtual_spans == "steady":
+        kind += "_steady"
     return kind
 
 

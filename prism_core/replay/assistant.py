@@ -29,7 +29,7 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -1134,7 +1134,8 @@ def load_timing(path: Path) -> ReplayTiming:
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
                   join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None,
-                  pace_reference: str = "loaded", pace_steps: int = 1, build_ahead: bool = True) -> None:
+                  pace_reference: str = "loaded", pace_steps: int = 1, build_ahead: bool = True,
+                  steady_from: int | None = None) -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1149,6 +1150,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     the sandbox ranks' calibrated spans, or "alone", against their compute as timed alone (the
     timeline's `alone_span`, where it has one); over up to `pace_steps` steps. `build_ahead`: timed,
     what the virtual ranks send is built while they compute up to it (`Assistant._build_ahead`).
+    `steady_from`: timed, each virtual rank's steady steps from this one take their positions'
+    trimmed mean spans (replay/steady.py); None: the timeline's spans as they are.
     """
     import torch
     import torch.distributed as dist
@@ -1165,6 +1168,11 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     model = load_timing(timing) if timing is not None else None
     if model is not None and model.span.shape != trace.columns["kind"].shape:
         raise ValueError(f"{timing} does not belong to the graph {graph}")
+    if model is not None and steady_from is not None:
+        from prism_core.replay.steady import steady_spans
+
+        virtual = sorted(set(range(trace.world_size)) - set(sandbox))
+        model = replace(model, span=steady_spans(trace, model.span, virtual, steady_from))
     source_path = Path(graph).parent / REPLICA_SOURCE
     source = np.load(source_path) if source_path.is_file() else None
     pacer = late_join = None
@@ -1225,6 +1233,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "late_join": late_join is not None, "late_join_waits": late_join.waits if late_join else 0,
         "late_join_wait_s": late_join.waited_s if late_join else 0.0,
         "follow_pace": assistant.follow.stats() if assistant.follow is not None else None,
+        "virtual_spans": None if model is None else ("steady" if steady_from is not None else "timed"),
         "stopped_s": assistant._slipped - assistant._stop_base,     # the schedule moved by it
         "inputs_streamed": assistant.inputs.streamed, "inputs_read_on_demand": assistant.inputs.on_demand,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
@@ -1265,6 +1274,9 @@ def main(argv: list[str] | None = None) -> None:
                              "(the timeline's alone_span) or against their calibrated spans")
     parser.add_argument("--pace-steps", type=int, default=1, metavar="N",
                         help="with --follow-pace: read the pace over up to N steps")
+    parser.add_argument("--steady-spans", type=int, default=None, metavar="FIRST_STEP",
+                        help="timed: each virtual rank's steady steps from FIRST_STEP take their positions' trimmed "
+                             "mean spans (replay/steady.py)")
     parser.add_argument("--no-build-ahead", action="store_true",
                         help="timed: build what a virtual rank sends when its op comes due, not while it computes "
                              "up to it (an ablation)")
@@ -1283,7 +1295,7 @@ def main(argv: list[str] | None = None) -> None:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
                       ns.timing, pace, ns.pace_socket, ns.join_late,
                       [int(fd) for fd in ns.awake_fds.split(",") if fd], ns.follow_pace, ns.pace_reference,
-                      ns.pace_steps, not ns.no_build_ahead)
+                      ns.pace_steps, not ns.no_build_ahead, ns.steady_spans)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

@@ -1,0 +1,64 @@
+"""Steady spans for virtual ranks (`prism_core.replay.steady`): each compute node of a steady step
+takes its position's trimmed mean over those steps; warm-up steps, other steps and sandbox ranks
+keep theirs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from prism_core.replay.steady import steady_spans, trimmed_mean
+from prism_core.trace.schema import COMPUTE
+
+from tests.calibrate.test_timeline import allreduce, build, compute
+
+
+def _two_ranks(spans: list[list[float]]):
+    """Two ranks that compute `spans[k]` (two nodes) in step k, all-reducing after each node."""
+    ranks = [[node for k, (a, b) in enumerate(spans)
+              for node in (dict(compute(a), step=k), dict(allreduce(0, 2 * k, 0.01), step=k),
+                           dict(compute(b), step=k), dict(allreduce(0, 2 * k + 1, 0.01), step=k))]
+             for _ in range(2)]
+    return build(ranks, [(0, 1)])
+
+
+def _compute_of(trace, span, r):
+    return span[trace.rank_slice(r)][trace.rank(r)["kind"] == COMPUTE].tolist()
+
+
+def test_trimmed_mean_leaves_out_each_end():
+    values = np.array([[100.0]] + [[float(v)] for v in range(1, 10)])   # ten draws, one of them stalled
+    assert trimmed_mean(values, 0.1).tolist() == [pytest.approx(5.5)]    # 2 ... 9: the 1 and the 100 left out
+    assert trimmed_mean(values, 0.0).tolist() == [pytest.approx(14.5)]
+    assert trimmed_mean(np.array([[5.0]]), 0.1).tolist() == [5.0]
+
+
+def test_virtual_ranks_steady_steps_take_their_positions_trimmed_mean():
+    # step 0 is the warm-up; steps 1-10 draw each position's span with noise, one draw stalled
+    draws = [[0.010, 0.020], [0.011, 0.019], [0.009, 0.021], [0.012, 0.018], [0.008, 0.022],
+             [0.010, 0.020], [0.011, 0.019], [0.009, 0.021], [0.010, 0.500], [0.010, 0.020]]
+    trace, model = _two_ranks([[1.0, 1.0]] + draws)
+    out = steady_spans(trace, model.span, ranks=[1], first_step=1)
+    steady = _compute_of(trace, out, 1)
+    assert steady[:2] == [1.0, 1.0]                                   # the warm-up step as timed
+    first = np.array(draws)[:, 0]
+    second = np.sort(np.array(draws)[:, 1])[1:-1]                     # the stall trimmed away
+    assert steady[2::2] == pytest.approx([np.sort(first)[1:-1].mean()] * 10)
+    assert steady[3::2] == pytest.approx([second.mean()] * 10)
+    assert _compute_of(trace, out, 0) == _compute_of(trace, model.span, 0)     # rank 0 (sandbox) untouched
+    comm = trace.columns["kind"] != COMPUTE
+    assert np.array_equal(out[comm], model.span[comm])                 # only compute nodes move
+    assert model.span[trace.rank_slice(1)][4] == 0.010                 # the input is not changed
+
+
+def test_steps_running_other_nodes_keep_their_spans():
+    trace, model = _two_ranks([[1.0, 1.0], [0.01, 0.02], [0.03, 0.04], [0.05, 0.06]])
+    trace.columns["label"][trace.offsets[1] + 8] = 1                  # rank 1's step 2 ran another kernel
+    out = _compute_of(trace, steady_spans(trace, model.span, ranks=[1], first_step=1), 1)
+    assert out == pytest.approx([1.0, 1.0, 0.03, 0.04, 0.03, 0.04, 0.03, 0.04])   # steps 1 and 3: their mean
+    assert _compute_of(trace, model.span, 1)[4:6] == pytest.approx([0.03, 0.04])
+
+
+def test_a_rank_with_one_steady_step_keeps_its_spans():
+    trace, model = _two_ranks([[1.0, 1.0], [0.01, 0.02]])
+    assert np.array_equal(steady_spans(trace, model.span, ranks=[0, 1], first_step=1), model.span)
