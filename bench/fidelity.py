@@ -414,7 +414,7 @@ VARIANTS = (
                      lambda e: "with what the virtual ranks send built " + ("when the op comes due" if e.build_ahead
                                                                              else "while they compute up to it")),
     EmulationVariant("other_spans", "spans", "emulate-spans", False,
-                     lambda e: "with the virtual ranks' spans " + ("as timed" if e.virtual_spans == "steady"
+                     lambda e: "with the virtual ranks' spans " + ("as timed" if _other_spans(e) == "timed"
                                                                    else "steady (replay/steady.py)")),
 )
 
@@ -430,6 +430,11 @@ def _other_reference(emulation) -> tuple[str, int]:
     if emulation.pace_reference == "alone" or emulation.pace_steps > 1:
         return "loaded", 1
     return "alone", 10
+
+
+def _other_spans(emulation) -> str:
+    """`--other-spans`: the virtual ranks' spans the other way (`emulation.virtual_spans`)."""
+    return "timed" if emulation.virtual_spans == "steady" else "steady"
 
 
 def _other_against(emulation) -> str:
@@ -630,7 +635,7 @@ def _launch(args) -> None:
                 update={"follow_pace": not cfg.emulation.follow_pace})})
         if kind == "emulate-spans":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
-                update={"virtual_spans": "timed" if cfg.emulation.virtual_spans == "steady" else "steady"})})
+                update={"virtual_spans": _other_spans(cfg.emulation)})})
         if kind == "emulate-ahead":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"build_ahead": not cfg.emulation.build_ahead})})

@@ -130,11 +130,11 @@ class EmulationConfig(_Strict):
                                                   "ranks' compute: the machine's drift, not one step's noise, which "
                                                   "the calibrated spans carry already")
     virtual_spans: Literal["timed", "steady"] = Field(
-        "timed", description="what a timed run's virtual ranks compute each node in: timed, the calibrated span of "
-                             "that node in that step (one draw of the timing run's noise); steady, in steps after "
-                             "the warm-up that run the rank's usual nodes, its position's trimmed mean over them, "
-                             "so that a virtual rank's noise is not drawn apart from its sandbox peers' "
-                             "(replay/steady.py)")
+        "steady", description="what a timed run's virtual ranks compute each node in: steady, in steps after the "
+                              "warm-up that run the rank's usual nodes, its position's trimmed mean over them, so "
+                              "that a virtual rank's noise is not drawn apart from its sandbox peers' "
+                              "(replay/steady.py; README item 45); timed, the calibrated span of that node in that "
+                              "step, one draw of the timing run's noise")
     build_ahead: bool = Field(True, description="a timed run builds what its virtual ranks send in a ring (the "
                                                 "partials folded from the tensor cache) while they compute up to "
                                                 "the op, as a real rank has its data at hand when it arrives "

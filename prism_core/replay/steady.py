@@ -3,15 +3,20 @@ position's trimmed mean over those steps, not the span one step of the timing ru
 
 A virtual rank's calibrated span for one node of one step is one draw of this machine's noise, from
 the slices minutes earlier. Node by node it says next to nothing about the same node in another run:
-its deviation from its position's median correlated 0.00-0.08 with `prism record`'s on ep2, dp2 and
-tp2 (0.12-0.23 on pp2; item 45, bench/fidelity.py --keep, node by node). Yet the real ranks of one
-run share most of theirs (0.50-0.76 on ep2, dp2, tp2: the machine's slow spells slow both cores at
-once). Replayed as timed, a virtual rank's noise is drawn apart from its sandbox peer's, the two
-leave a collective apart about twice as far as the real ranks do (ep2: 10th-90th percentile of the
-node-by-node difference -0.33 ... +0.32 ms against -0.17 ... +0.17), and the sandbox rank waits at
-each of ep2's ~90 ops a step: 0.11-0.12 ms a node against the record's 0.06-0.07, some 4 ms of a
-190 ms step, and its core idles and computes the next node slower after it (calibrate/resume.py).
-The machine's drift, which the noise also carries, is what `follow.py` follows.
+its deviation from its position's median correlated -0.01 / +0.10 / +0.01 / +0.00 (dp2 / ep2 / pp2 /
+tp2, medians of 8) with the same rank's in `prism record` (README item 45, `bench/node_noise.py`).
+Yet the real ranks of one run share much of theirs: 0.69 / 0.51 / 0.10 / 0.62 (the machine's slow
+spells slow both cores at once; pp2's stages compute other nodes at the same moment). Replayed as
+timed, a virtual rank's noise is drawn apart from its sandbox peer's, the two leave a collective
+about twice as far apart as the real ranks do (ep2: 10th-90th percentile of the node-by-node
+difference -0.31 ... +0.31 ms against -0.17 ... +0.17), and the sandbox rank waits for its peer at
+each of ep2's ~90 ops a step: 0.095 ms a node against the record's 0.055 (steady: 0.045), some 4 ms
+of a 190 ms step; its core idles and computes the next node slower after it (calibrate/resume.py).
+In item 45's same turns the emulations came +1.37 / +0.20 / +2.57 / +3.98% (pp2 / dp2 / tp2 / ep2,
+four pairs) with timed spans and -0.52 / +0.10 / +0.48 / -0.24% with steady ones. Where the real
+ranks share little noise (pp2) a steady virtual rank waits less than a real peer would (0.045 ms a
+node against 0.101), which the emulation's -0.52% may hold. The machine's drift, which the noise
+also carries, is what `follow.py` follows.
 
 Steps whose sequence of compute nodes is not the rank's most common one, and warm-up steps, keep
 their spans. A trimmed mean, not the median: a node's noise is skewed (slow draws are longer than

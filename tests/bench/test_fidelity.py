@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from fidelity import _other_against, _other_reference, _other_steps, _share_preload, _step_noise, _timed_and_streamed  # noqa: E402
+from fidelity import _other_against, _other_reference, _other_spans, _other_steps, _share_preload, _step_noise, _timed_and_streamed  # noqa: E402
 
 from prism_core.config import EmulationConfig  # noqa: E402
 
@@ -81,3 +81,10 @@ def test_the_other_pace_reading_is_item_35s_way_against_the_default():
     assert _other_reference(former) == ("alone", 10) and _other_steps(former) == 10
     assert _other_against(default) == "alone" and _other_against(former) == "alone"
     assert _other_against(default.model_copy(update={"pace_reference": "alone"})) == "loaded"
+
+
+def test_virtual_ranks_take_steady_spans_by_default_and_the_other_way_is_as_timed():
+    default = EmulationConfig()
+    assert default.virtual_spans == "steady"
+    assert _other_spans(default) == "timed"
+    assert _other_spans(default.model_copy(update={"virtual_spans": "timed"})) == "steady"

@@ -59,10 +59,12 @@ def test_a_short_co_run_is_filled_with_the_slices_dp_replicas_before_twins():
     (False, [], "_awake"),
     (False, ["emulation.keep_awake=false"], ""),
     (False, ["emulation.follow_pace=false"], "_awake"),    # a plain slice replays no timeline: no pace
-    (True, [], "_awake_pace"),
-    (True, ["emulation.follow_pace=false"], "_awake"),
-    (True, ["emulation.awake_while_computing=false", "emulation.follow_pace=false"], ""),
-    (True, ["emulation.awake_while_computing=false"], "_pace"),
+    (False, ["emulation.virtual_spans=timed"], "_awake"),  # ... nor virtual ranks taking its spans
+    (True, [], "_awake_pace_steady"),
+    (True, ["emulation.follow_pace=false"], "_awake_steady"),
+    (True, ["emulation.awake_while_computing=false", "emulation.follow_pace=false",
+            "emulation.virtual_spans=timed"], ""),
+    (True, ["emulation.awake_while_computing=false", "emulation.virtual_spans=timed"], "_pace"),
 ])
 def test_a_slice_directory_names_the_settings_its_spans_depend_on(timed, settings, kind):
     cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", settings)
