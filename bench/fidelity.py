@@ -415,7 +415,8 @@ VARIANTS = (
                                                                              else "while they compute up to it")),
     EmulationVariant("other_spans", "spans", "emulate-spans", False,
                      lambda e: "with the virtual ranks' spans " + ("as timed" if _other_spans(e) == "timed"
-                                                                   else "steady (replay/steady.py)")),
+                                                                   else "steady beside the sandbox ranks "
+                                                                        "(replay/steady.py)")),
 )
 
 
@@ -433,8 +434,9 @@ def _other_reference(emulation) -> tuple[str, int]:
 
 
 def _other_spans(emulation) -> str:
-    """`--other-spans`: the virtual ranks' spans the other way (`emulation.virtual_spans`)."""
-    return "timed" if emulation.virtual_spans == "steady" else "steady"
+    """`--other-spans`: the virtual ranks' spans the other way (`emulation.virtual_spans`): as
+    timed, or where they are, paired (at W=2 the same as steady)."""
+    return "timed" if emulation.virtual_spans != "timed" else "paired"
 
 
 def _other_against(emulation) -> str:

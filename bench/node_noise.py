@@ -83,7 +83,8 @@ def _runs_by_spans(pair: Path, rank: int) -> dict[str, Path]:
     for run in [configured, *sorted(pair.glob(f"emulate_{rank}_*"))]:
         stats = run / "replay" / "stats.json"
         if (run / "trace_parts" / f"{rank}.npz").exists() and stats.exists():
-            found.setdefault(json.loads(stats.read_text()).get("virtual_spans") or "timed", run)
+            way = json.loads(stats.read_text()).get("virtual_spans") or "timed"
+            found.setdefault("timed" if way == "timed" else "steady", run)   # at W=2 paired is steady
     return {way: found.get(way, configured) for way in ("timed", "steady")}
 
 

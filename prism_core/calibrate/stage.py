@@ -66,8 +66,8 @@ def _timed_kind(cfg: PrismConfig, timed: bool) -> str:
     kind = "_awake" if awake_setting(cfg, timed) else ""
     if timed and cfg.emulation.follow_pace:
         kind += "_pace"
-    if timed and cfg.emulation.virtual_spans == "steady":
-        kind += "_steady"
+    if timed and cfg.emulation.virtual_spans != "timed":
+        kind += "_" + cfg.emulation.virtual_spans
     return kind
 
 

@@ -1135,7 +1135,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
                   join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None,
                   pace_reference: str = "loaded", pace_steps: int = 1, build_ahead: bool = True,
-                  steady_from: int | None = None) -> None:
+                  virtual_spans: str = "timed", steady_from: int = 0) -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1150,8 +1150,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     the sandbox ranks' calibrated spans, or "alone", against their compute as timed alone (the
     timeline's `alone_span`, where it has one); over up to `pace_steps` steps. `build_ahead`: timed,
     what the virtual ranks send is built while they compute up to it (`Assistant._build_ahead`).
-    `steady_from`: timed, each virtual rank's steady steps from this one take their positions'
-    trimmed mean spans (replay/steady.py); None: the timeline's spans as they are.
+    `virtual_spans`: timed, "steady": each virtual rank's steady steps from `steady_from` take their
+    positions' trimmed mean spans; "paired": only those of virtual ranks whose every peer is a
+    sandbox rank (replay/steady.py); "timed": the timeline's spans as they are.
     """
     import torch
     import torch.distributed as dist
@@ -1168,11 +1169,13 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     model = load_timing(timing) if timing is not None else None
     if model is not None and model.span.shape != trace.columns["kind"].shape:
         raise ValueError(f"{timing} does not belong to the graph {graph}")
-    if model is not None and steady_from is not None:
-        from prism_core.replay.steady import steady_spans
+    steady: list[int] = []
+    if model is not None and virtual_spans != "timed":
+        from prism_core.replay.steady import paired_ranks, steady_spans
 
         virtual = sorted(set(range(trace.world_size)) - set(sandbox))
-        model = replace(model, span=steady_spans(trace, model.span, virtual, steady_from))
+        steady = virtual if virtual_spans == "steady" else paired_ranks(trace, virtual, sandbox)
+        model = replace(model, span=steady_spans(trace, model.span, steady, steady_from))
     source_path = Path(graph).parent / REPLICA_SOURCE
     source = np.load(source_path) if source_path.is_file() else None
     pacer = late_join = None
@@ -1233,7 +1236,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "late_join": late_join is not None, "late_join_waits": late_join.waits if late_join else 0,
         "late_join_wait_s": late_join.waited_s if late_join else 0.0,
         "follow_pace": assistant.follow.stats() if assistant.follow is not None else None,
-        "virtual_spans": None if model is None else ("steady" if steady_from is not None else "timed"),
+        "virtual_spans": None if model is None else virtual_spans, "steady_ranks": len(steady),
         "stopped_s": assistant._slipped - assistant._stop_base,     # the schedule moved by it
         "inputs_streamed": assistant.inputs.streamed, "inputs_read_on_demand": assistant.inputs.on_demand,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
@@ -1274,9 +1277,12 @@ def main(argv: list[str] | None = None) -> None:
                              "(the timeline's alone_span) or against their calibrated spans")
     parser.add_argument("--pace-steps", type=int, default=1, metavar="N",
                         help="with --follow-pace: read the pace over up to N steps")
-    parser.add_argument("--steady-spans", type=int, default=None, metavar="FIRST_STEP",
-                        help="timed: each virtual rank's steady steps from FIRST_STEP take their positions' trimmed "
-                             "mean spans (replay/steady.py)")
+    parser.add_argument("--virtual-spans", choices=("timed", "steady", "paired"), default="timed",
+                        help="timed: the virtual ranks' compute spans as calibrated (timed), their steady steps' "
+                             "positions' trimmed means (steady), or those only for virtual ranks whose every peer "
+                             "is a sandbox rank (paired; replay/steady.py)")
+    parser.add_argument("--steady-from", type=int, default=0, metavar="STEP",
+                        help="with --virtual-spans steady or paired: the first step that may be steady")
     parser.add_argument("--no-build-ahead", action="store_true",
                         help="timed: build what a virtual rank sends when its op comes due, not while it computes "
                              "up to it (an ablation)")
@@ -1295,7 +1301,7 @@ def main(argv: list[str] | None = None) -> None:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
                       ns.timing, pace, ns.pace_socket, ns.join_late,
                       [int(fd) for fd in ns.awake_fds.split(",") if fd], ns.follow_pace, ns.pace_reference,
-                      ns.pace_steps, not ns.no_build_ahead, ns.steady_spans)
+                      ns.pace_steps, not ns.no_build_ahead, ns.virtual_spans, ns.steady_from)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

@@ -175,8 +175,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--timing", str(timing)]
         if not cfg.emulation.build_ahead:
             helper += ["--no-build-ahead"]
-        if cfg.emulation.virtual_spans == "steady":
-            helper += ["--steady-spans", str(cfg.job.warmup)]
+        if cfg.emulation.virtual_spans != "timed":
+            helper += ["--virtual-spans", cfg.emulation.virtual_spans, "--steady-from", str(cfg.job.warmup)]
         if cfg.emulation.follow_pace:
             helper += ["--follow-pace", str(cfg.job.warmup), "--pace-reference", cfg.emulation.pace_reference,
                        "--pace-steps", str(cfg.emulation.pace_steps)]

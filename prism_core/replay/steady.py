@@ -18,6 +18,16 @@ ranks share little noise (pp2) a steady virtual rank waits less than a real peer
 node against 0.101), which the emulation's -0.52% may hold. The machine's drift, which the noise
 also carries, is what `follow.py` follows.
 
+Only where the sandbox ranks' live noise stands for it, though: a virtual rank whose every peer (a
+member of any group it communicates in) is a sandbox rank (`paired_ranks`, `emulation.virtual_spans:
+paired`, the default). Virtual ranks that wait for each other need their noise: a collective over
+many members ends with the slowest, which the calibration models with each replica's steps in
+another order (calibrate/durations.py `replica_noise`). Solving the demo's W=64 timeline (ten
+steps) again with its 62 virtual ranks steady shortened the step 4.0-4.4%; with the two ranks of
+interest's steps in another order (their live noise another draw than the timeline's) and the
+virtual ranks as timed it moved -0.12 ... +0.10%: at W=64 a timed virtual rank's draw beside the
+sandbox ranks' costs next to nothing, at W=2 it costs the waits above.
+
 Steps whose sequence of compute nodes is not the rank's most common one, and warm-up steps, keep
 their spans. A trimmed mean, not the median: a node's noise is skewed (slow draws are longer than
 fast ones), and a virtual rank is to compute what its real rank does on average; trimmed, so that one
@@ -32,6 +42,7 @@ import numpy as np
 
 from prism_core.calibrate.durations import steady_compute
 from prism_core.trace import Trace
+from prism_core.trace.schema import COMPUTE
 
 TRIM = 0.1     # the share of a position's steps left out at each end
 
@@ -41,6 +52,20 @@ def trimmed_mean(values: np.ndarray, trim: float = TRIM) -> np.ndarray:
     v = np.sort(values, axis=0)
     k = int(trim * len(v))
     return v[k:len(v) - k].mean(axis=0) if len(v) > 2 * k else v.mean(axis=0)
+
+
+def paired_ranks(trace: Trace, virtual: Iterable[int], sandbox: Iterable[int]) -> list[int]:
+    """The virtual ranks whose every peer -- every other member of each group they communicate in --
+    is a sandbox rank."""
+    real = set(sandbox)
+    kind, group = trace.columns["kind"], trace.columns["group"]
+    out = []
+    for r in virtual:
+        s = trace.rank_slice(int(r))
+        used = np.unique(group[s][(kind[s] != COMPUTE) & (group[s] >= 0)])
+        if all(set(trace.groups[int(g)]) - {int(r)} <= real for g in used):
+            out.append(int(r))
+    return out
 
 
 def steady_spans(trace: Trace, span: np.ndarray, ranks: Iterable[int], first_step: int,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prism_core.replay.steady import steady_spans, trimmed_mean
+from prism_core.replay.steady import paired_ranks, steady_spans, trimmed_mean
 from prism_core.trace.schema import COMPUTE
 
 from tests.calibrate.test_timeline import allreduce, build, compute
@@ -62,3 +62,16 @@ def test_steps_running_other_nodes_keep_their_spans():
 def test_a_rank_with_one_steady_step_keeps_its_spans():
     trace, model = _two_ranks([[1.0, 1.0], [0.01, 0.02]])
     assert np.array_equal(steady_spans(trace, model.span, ranks=[0, 1], first_step=1), model.span)
+
+
+def test_paired_ranks_are_the_virtual_ranks_whose_every_peer_is_a_sandbox_rank():
+    # four ranks: pairs {0, 1} and {2, 3} (TP), {0, 2} and {1, 3} (DP); rank 0 real
+    groups = [(0, 1), (2, 3), (0, 2), (1, 3)]
+    tp, dp = {0: 0, 1: 0, 2: 1, 3: 1}, {0: 2, 2: 2, 1: 3, 3: 3}
+    ranks = [[compute(0.01), allreduce(tp[r], 0, 0.01), compute(0.01), allreduce(dp[r], 0, 0.01)]
+             for r in range(4)]
+    trace, _ = build(ranks, groups)
+    assert paired_ranks(trace, [1, 2, 3], sandbox=[0]) == []              # 1 and 2 also talk to 3
+    assert paired_ranks(trace, [1, 2], sandbox=[0, 3]) == [1, 2]          # their peers all real
+    two, _ = _two_ranks([[0.01, 0.02]] * 3)
+    assert paired_ranks(two, [1], sandbox=[0]) == [1]                     # W=2: the one virtual rank
