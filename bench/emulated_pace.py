@@ -15,7 +15,6 @@ follow. Last, per config, the medians and the correlation of the error with s / 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.trace import load_trace
+from kept import read_kept
 from prism_core.trace.flight import COMPUTE_NS_FIELD
 from prism_core.trace.schema import COMPUTE
 
@@ -110,24 +109,9 @@ def read_pair(config: str, pair: Path, offsets: np.ndarray, compute: np.ndarray)
     return out
 
 
-def read_keep(keep: Path) -> list[Emulation]:
-    out = []
-    for config in sorted(p for p in keep.iterdir() if (p / "collect").is_dir()):
-        trace = load_trace(next((config / "collect").rglob("trace.zarr")))
-        compute = trace.columns["kind"] == COMPUTE
-        for pair in sorted(config.glob("pair*")):
-            if (pair / "record_e").is_dir():
-                out += read_pair(config.name.removeprefix("tiny_moe_w2_"), pair, trace.offsets, compute)
-    return out
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("keep", type=Path, nargs="+")
-    args = parser.parse_args()
-    rows = [e for keep in args.keep for e in read_keep(keep)]
-    if not rows:
-        raise SystemExit("no kept pair with a second record and its emulations under " + ", ".join(map(str, args.keep)))
+    rows = read_kept(__doc__.split("\n\n")[0], lambda config, trace, pair: read_pair(
+        config, pair, trace.offsets, trace.columns["kind"] == COMPUTE), "kept pair with a second record and its emulations")
     suffixes = sorted({s for e in rows for s in e.others})
     print(f"{'config':7} {'pair':6} {'rank':>4} {'error':>7} {'pace':>6} {'max':>6} {'flight':>7} {'s':>6} {'a':>6} "
           f"{'s/a':>6}" + "".join(f" {s + ' error':>13} {'pace':>6}" for s in suffixes))

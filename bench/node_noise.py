@@ -25,7 +25,6 @@ node-by-node difference: only `rho timed` is printed for them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from dataclasses import dataclass
@@ -35,7 +34,8 @@ import numpy as np
 
 from prism_core.calibrate.durations import steady_compute
 from prism_core.replay.steady import steady_spans
-from prism_core.trace import Trace, load_trace
+from kept import read_kept
+from prism_core.trace import Trace
 
 CLIP_S = 1e-3
 
@@ -125,28 +125,13 @@ def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
     return out
 
 
-def read_keep(keep: Path) -> list[NodeNoise]:
-    out = []
-    for config in sorted(p for p in keep.iterdir() if (p / "collect").is_dir()):
-        trace = load_trace(next((config / "collect").rglob("trace.zarr")))
-        for pair in sorted(config.glob("pair*")):
-            if (pair / "record_e").is_dir():
-                out += read_pair(config.name.removeprefix("tiny_moe_w2_"), pair, trace)
-    return out
-
-
 def _ms(pct: tuple[float, float]) -> str:
     return f"{pct[0] * 1e3:+.2f} {pct[1] * 1e3:+.2f}"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("keep", type=Path, nargs="+")
-    args = parser.parse_args()
-    rows = [e for keep in args.keep for e in read_keep(keep)]
-    if not rows:
-        raise SystemExit("no kept two-rank pair with a second record and its emulations under "
-                         + ", ".join(map(str, args.keep)))
+    rows = read_kept(__doc__.split("\n\n")[0], lambda config, trace, pair: read_pair(config, pair, trace),
+                     "kept two-rank pair with a second record and its emulations")
     print(f"{'config':7} {'pair':6} {'rank':>4} {'rho real':>8} {'rho timed':>9} {'real (ms)':>13} {'timed (ms)':>13} "
           f"{'steady (ms)':>13} {'wait real':>9} {'timed':>6} {'steady':>6}")
     for e in rows:

@@ -1,0 +1,32 @@
+"""Reading kept fidelity runs (`fidelity.py --turns ... --keep DIR`): each config's graph and its pairs
+with a second record, and the command line of the scripts that read them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from prism_core.trace import Trace, load_trace
+
+
+def kept_pairs(keep: Path) -> Iterator[tuple[str, Trace, Path]]:
+    """(config name without its `tiny_moe_w2_` prefix, the config's graph, pair directory) for every
+    kept pair that ran a second record."""
+    for config in sorted(p for p in keep.iterdir() if (p / "collect").is_dir()):
+        trace = load_trace(next((config / "collect").rglob("trace.zarr")))
+        for pair in sorted(config.glob("pair*")):
+            if (pair / "record_e").is_dir():
+                yield config.name.removeprefix("tiny_moe_w2_"), trace, pair
+
+
+def read_kept(description: str, read_pair: Callable[[str, Trace, Path], list], what: str) -> list:
+    """Parse `KEEP [KEEP ...]` and return `read_pair`'s rows over every kept pair; exit naming `what`
+    was looked for where there are none."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("keep", type=Path, nargs="+")
+    args = parser.parse_args()
+    rows = [row for keep in args.keep for config, trace, pair in kept_pairs(keep) for row in read_pair(config, trace, pair)]
+    if not rows:
+        raise SystemExit(f"no {what} under " + ", ".join(map(str, args.keep)))
+    return rows
