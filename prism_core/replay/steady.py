@@ -13,9 +13,10 @@ difference -0.31 ... +0.31 ms against -0.17 ... +0.17), and the sandbox rank wai
 each of ep2's ~90 ops a step: 0.095 ms a node against the record's 0.055 (steady: 0.045), some 4 ms
 of a 190 ms step; its core idles and computes the next node slower after it (calibrate/resume.py).
 In item 45's same turns the emulations came +1.37 / +0.20 / +2.57 / +3.98% (pp2 / dp2 / tp2 / ep2,
-four pairs) with timed spans and -0.52 / +0.10 / +0.48 / -0.24% with steady ones. Where the real
+four pairs) with timed spans and -0.52 / +0.10 / +0.48 / -0.24% with steady ones; in item 46's
+(three pairs) -0.36 / +0.42 / +1.75 / +0.92% and -2.81 / -1.95 / -0.67 / +0.12%. Where the real
 ranks share little noise (pp2) a steady virtual rank waits less than a real peer would (0.045 ms a
-node against 0.101), which the emulation's -0.52% may hold. The machine's drift, which the noise
+node against 0.101), which leans such emulations low. The machine's drift, which the noise
 also carries, is what `follow.py` follows.
 
 Only where the sandbox ranks' live noise stands for it, though: a virtual rank whose every peer (a
@@ -23,7 +24,7 @@ member of any group it communicates in) is a sandbox rank (`paired_ranks`, `emul
 paired`, the default). Virtual ranks that wait for each other need their noise: a collective over
 many members ends with the slowest, which the calibration models with each replica's steps in
 another order (calibrate/durations.py `replica_noise`). Solving the demo's W=64 timeline (ten
-steps) again with its 62 virtual ranks steady shortened the step 4.0-4.4%; with the two ranks of
+steps; `bench/steady_timeline.py`, bench/logs/steady_timeline_demo10.txt) again with its 62 virtual ranks steady shortened the step 4.0-4.4%; with the two ranks of
 interest's steps in another order (their live noise another draw than the timeline's) and the
 virtual ranks as timed it moved -0.12 ... +0.10%: at W=64 a timed virtual rank's draw beside the
 sandbox ranks' costs next to nothing, at W=2 it costs the waits above.
