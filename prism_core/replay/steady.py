@@ -60,11 +60,17 @@ def paired_ranks(trace: Trace, virtual: Iterable[int], sandbox: Iterable[int]) -
     is a sandbox rank."""
     real = set(sandbox)
     kind, group = trace.columns["kind"], trace.columns["group"]
+    # per group, its members that are not sandbox ranks, once (a world group of W members would
+    # otherwise be walked for each of its W - S virtual ranks)
+    others: dict[int, set[int]] = {}
     out = []
     for r in virtual:
         s = trace.rank_slice(int(r))
         used = np.unique(group[s][(kind[s] != COMPUTE) & (group[s] >= 0)])
-        if all(set(trace.groups[int(g)]) - {int(r)} <= real for g in used):
+        for g in used.tolist():
+            if g not in others:
+                others[g] = {m for m in trace.groups[g] if m not in real}
+        if all(others[g] <= {int(r)} for g in used.tolist()):
             out.append(int(r))
     return out
 
