@@ -416,7 +416,7 @@ VARIANTS = (
     EmulationVariant("other_spans", "spans", "emulate-spans", False,
                      lambda e: "with the virtual ranks' spans " + ("as timed" if _other_spans(e) == "timed"
                                                                    else "steady beside the sandbox ranks "
-                                                                        "(replay/steady.py)")),
+                                                                        "(replay/steady.py, paired)")),
 )
 
 
@@ -434,9 +434,10 @@ def _other_reference(emulation) -> tuple[str, int]:
 
 
 def _other_spans(emulation) -> str:
-    """`--other-spans`: the virtual ranks' spans the other way (`emulation.virtual_spans`): as
-    timed, or where they are, paired (at W=2 the same as steady)."""
-    return "timed" if emulation.virtual_spans != "timed" else "paired"
+    """`--other-spans`: the virtual ranks' spans the other way (`emulation.virtual_spans`): paired
+    where they are matched (steady beside the sandbox ranks, keeping none of their noise), as timed
+    where they are paired or steady, and paired where they are timed."""
+    return {"matched": "paired", "timed": "paired"}.get(emulation.virtual_spans, "timed")
 
 
 def _other_against(emulation) -> str:
@@ -522,7 +523,8 @@ def _take_turns(graph, runs: list[tuple[list[str], list[tuple[Path, list[int]]]]
     if args.level:
         nodes = {r: len(graph.trace.rank(r)["kind"]) for r in range(graph.trace.world_size)}
         progress = [graph_progress(dirs, nodes) for _, dirs in runs]
-    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours, args.join_late)
+    stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours, args.join_late,
+                                  args.virtual_spans)
                         for what, _ in runs],
                        args.turns, 3600, [logs / f"{prefix}{n}.log" for n in range(len(runs))], progress=progress)
     _note_stops(logs / (f"{prefix}_stops.json" if prefix else "stops.json"),
@@ -592,23 +594,25 @@ def _ranks(sandbox: list[int]) -> str:
 
 
 def launch_cmd(what: list[str], config: str, steps: int, sandbox: int, neighbours: str,
-               join_late: bool = False) -> list[str]:
+               join_late: bool = False, virtual_spans: str | None = None) -> list[str]:
     """The command of one launch (`what`: "record OUT", "slice OUT GRAPH SANDBOX LOADED" (or
     "slice-other ...", its virtual members joining the other way), "emulate OUT GRAPH TIMELINE
     RANK" or "co-run GRAPH OUT SANDBOX [OUT SANDBOX ...]") in a process of its own."""
     return [sys.executable, str(Path(__file__).resolve()), "--launch", *what, "--config", config,
             "--steps", str(steps), "--sandbox", str(sandbox), "--neighbours", neighbours,
-            "--join-late" if join_late else "--no-join-late"]
+            "--join-late" if join_late else "--no-join-late",
+            *(["--virtual-spans", virtual_spans] if virtual_spans else [])]
 
 
-def _load(name: str, steps: int, sandbox: int, neighbours: str = "co_run"):
+def _load(name: str, steps: int, sandbox: int, neighbours: str = "co_run", virtual_spans: str | None = None):
     return load_config(_config_path(name), [f"job.iterations={steps}", "job.warmup=3", f"emulation.sandbox={sandbox}",
-                                            f"emulation.neighbours={neighbours}"])
+                                            f"emulation.neighbours={neighbours}",
+                                            *([f"emulation.virtual_spans={virtual_spans}"] if virtual_spans else [])])
 
 
 def _launch(args) -> None:
     """One launch of a pair that takes turns (run in a process of its own)."""
-    cfg = _load(args.config, args.steps, args.sandbox, args.neighbours)
+    cfg = _load(args.config, args.steps, args.sandbox, args.neighbours, args.virtual_spans)
     kind, out, *rest = args.launch
     if kind == "record":
         record(cfg, Path(out), options=RecordOptions(echo=False))
@@ -683,6 +687,9 @@ def main() -> None:
                              "others, so that the launches keep level (--no-level: turns of equal length)")
     parser.add_argument("--neighbours", choices=("co_run", "stand_in"), default="co_run",
                         help="what computes beside the slices' loaded runs (emulation.neighbours)")
+    parser.add_argument("--virtual-spans", choices=("matched", "paired", "steady", "timed"),
+                        help="the emulations' emulation.virtual_spans (default: the config's); --other-spans runs "
+                             "them the other way beside")
     parser.add_argument("--join-late", action=argparse.BooleanOptionalAction, default=False,
                         help="plain slices: virtual members of collectives join once a sandbox member has issued "
                              "the op (replay/slices.py run_with_assistant)")
@@ -726,7 +733,8 @@ def main() -> None:
                              "table")
     parser.add_argument("--other-spans", action="store_true",
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with its "
-                             "virtual ranks' spans the other way (emulation.virtual_spans: as timed, or steady); "
+                             "virtual ranks' spans the other way (emulation.virtual_spans: paired where matched, as "
+                             "timed where paired or steady, paired where timed); "
                              "printed after the table")
     parser.add_argument("--no-emulate", action="store_true",
                         help="with --turns: leave out the second record and the emulations")
@@ -754,7 +762,7 @@ def main() -> None:
     others: dict[str, list] = {v.suffix: [] for v in _variants(args)}
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
-            cfg = _load(name, args.steps, args.sandbox, args.neighbours)
+            cfg = _load(name, args.steps, args.sandbox, args.neighbours, args.virtual_spans)
             args.config_name = name
             if cfg.job.world_size > (os.cpu_count() or 1):
                 print(f"note: {cfg.name} has {cfg.job.world_size} ranks on {os.cpu_count()} cores: its real run is "
@@ -843,7 +851,7 @@ def main() -> None:
     how = ((f"record and slices taking turns of {args.turns:g} s" +
             (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
            if args.turns > 0 else "runs one after the other")
-    emulation = _load(args.config_name, args.steps, args.sandbox).emulation
+    emulation = _load(args.config_name, args.steps, args.sandbox, virtual_spans=args.virtual_spans).emulation
     if not (args.turns > 0 and args.no_emulate):     # pool_fidelity.py reads how the emulations ran
         how += f"; {PACED_HEADER[emulation.follow_pace]}"
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "
@@ -880,10 +888,10 @@ def main() -> None:
               f"{'early' if args.join_late else 'late'} (pair-wise median), taking turns with the rest")
     if args.other_awake:
         print(f"other: each pair's prediction with communication from plain slices whose assistant's cores were "
-              f"{'left to idle' if _load(args.config_name, args.steps, args.sandbox).emulation.keep_awake else 'kept awake'}"
+              f"{'left to idle' if _load(args.config_name, args.steps, args.sandbox, virtual_spans=args.virtual_spans).emulation.keep_awake else 'kept awake'}"
               " (pair-wise median), taking turns with the rest")
     if args.other_corun:
-        other = "normal" if _load(args.config_name, args.steps, args.sandbox).emulation.co_run_assistant == "idle" else "idle"
+        other = "normal" if _load(args.config_name, args.steps, args.sandbox, virtual_spans=args.virtual_spans).emulation.co_run_assistant == "idle" else "idle"
         print(f"other: each pair's prediction with compute from co-runs whose assistants ran in the {other} scheduling "
               "class (pair-wise median), taking turns with the rest")
     for name, measured, reordered, pairs in replicas:

@@ -15,10 +15,12 @@ clipped to +-1 ms (a stop or a stall is another matter):
   Each emulation's own rank is read from the run that replayed the spans that way (`replay/stats.json`
   -> `virtual_spans`; a pair run with `--other-spans` has both), else from the configured one;
 - `wait real / timed / steady`: the mean of that difference's positive part, about what the rank
-  waits for its peer a node beyond what the medians make.
+  waits for its peer a node beyond what the medians make; `matched` too, where every pair of the
+  config has an emulation whose virtual rank kept its share of noise (`emulation.virtual_spans:
+  matched`, steady.py `kept_noise`).
 
-Ranks with another number of compute nodes a step than their peer (pp2's stages) have no
-node-by-node difference: only `rho timed` is printed for them.
+Ranks with another number of compute nodes a step than their peer have no node-by-node
+difference: only `rho timed` is printed for them.
 
     .venv/bin/python bench/node_noise.py KEEP [KEEP ...]
 """
@@ -33,11 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.calibrate.durations import steady_compute
-from prism_core.replay.steady import steady_spans
+from prism_core.replay.steady import deviations, matched_noise, steady_spans
 from kept import read_kept
 from prism_core.trace import Trace
-
-CLIP_S = 1e-3
 
 
 @dataclass
@@ -51,11 +51,6 @@ class NodeNoise:
     timed: tuple[float, float]
     steady: tuple[float, float]
     wait: dict[str, float]      # "real" / "timed" / "steady" -> mean positive part, seconds
-
-
-def deviations(spans: np.ndarray) -> np.ndarray:
-    """[step, position] spans less their position's median over the steps, clipped to +-CLIP_S."""
-    return np.clip(spans - np.median(spans, axis=0), -CLIP_S, CLIP_S)
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:
@@ -76,16 +71,18 @@ def _warmup(run: Path) -> int:
 
 
 def _runs_by_spans(pair: Path, rank: int) -> dict[str, Path]:
-    """The rank's emulations of the pair by how their virtual ranks took their spans ("timed" or
-    "steady"); the configured run stands for a way none ran."""
+    """The rank's emulations of the pair by how their virtual ranks took their spans ("timed",
+    "steady" or "matched"); the configured run stands for timed or steady where none ran that way,
+    matched is left out where none ran."""
     configured = pair / f"emulate_{rank}"
     found = {}
     for run in [configured, *sorted(pair.glob(f"emulate_{rank}_*"))]:
         stats = run / "replay" / "stats.json"
         if (run / "trace_parts" / f"{rank}.npz").exists() and stats.exists():
             way = json.loads(stats.read_text()).get("virtual_spans") or "timed"
-            found.setdefault("timed" if way == "timed" else "steady", run)   # at W=2 paired is steady
-    return {way: found.get(way, configured) for way in ("timed", "steady")}
+            found.setdefault(way if way in ("timed", "matched") else "steady", run)   # at W=2 paired is steady
+    return {way: found.get(way, configured) for way in ("timed", "steady")} | \
+        ({"matched": found["matched"]} if "matched" in found else {})
 
 
 def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
@@ -112,14 +109,19 @@ def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
         steady = deviations(steady_spans(trace, span, [v], warmup)[trace.rank_slice(v)][grids[v]])
         runs = _runs_by_spans(pair, s)
         own = {way: deviations(_part_spans(r, s)[grids[s]]) for way, r in runs.items()}
+        ways = [("real", real[v], real[s]), ("timed", timed, own["timed"]), ("steady", steady, own["steady"])]
+        if "matched" in own:
+            kept = {r: w for r, (_, w) in matched_noise(trace, span, [v], [s], warmup).items()}
+            ways.append(("matched", deviations(steady_spans(trace, span, [v], warmup, kept=kept)
+                                               [trace.rank_slice(v)][grids[v]]), own["matched"]))
         row = NodeNoise(config, pair.name, s, float("nan"), correlation(timed, real[v]), (np.nan, np.nan),
                         (np.nan, np.nan), (np.nan, np.nan), {})
         if grids[0].shape == grids[1].shape:
             row.rho_real = correlation(real[0], real[1])
-            for name, peer, rank in (("real", real[v], real[s]), ("timed", timed, own["timed"]),
-                                     ("steady", steady, own["steady"])):
+            for name, peer, rank in ways:
                 diff = peer - rank
-                setattr(row, name, spread(diff))
+                if name != "matched":
+                    setattr(row, name, spread(diff))
                 row.wait[name] = float(np.clip(diff, 0.0, None).mean())
         out.append(row)
     return out
@@ -140,7 +142,8 @@ def main() -> None:
               f"{_ms(e.timed):>13} {_ms(e.steady):>13} "
               + (f"{e.wait['real'] * 1e3:9.3f} " if "real" in e.wait else f"{'':9} ") + waits)
     print()
-    print(f"{'config':7} {'n':>3} {'rho real':>8} {'rho timed':>9} {'wait real':>9} {'timed':>6} {'steady':>6}  (medians)")
+    print(f"{'config':7} {'n':>3} {'rho real':>8} {'rho timed':>9} {'wait real':>9} {'timed':>6} {'steady':>6} "
+          f"{'matched':>7}  (medians; matched where each pair ran it)")
     for config in sorted({e.config for e in rows}):
         group = [e for e in rows if e.config == config]
         med = lambda f: statistics.median(f(e) for e in group)
@@ -149,6 +152,8 @@ def main() -> None:
         if waits:
             line += " ".join(f"{statistics.median(e.wait[k] for e in waits) * 1e3:{w}.3f}"
                              for k, w in (("real", 9), ("timed", 6), ("steady", 6)))
+            if all("matched" in e.wait for e in waits):
+                line += f" {statistics.median(e.wait['matched'] for e in waits) * 1e3:7.3f}"
         print(line)
     print("\nrho real: the two ranks' node-by-node deviations in the second record; rho timed: the virtual rank's "
           "calibrated deviations against its own in the second record; real / timed / steady: 10th-90th percentile "

@@ -129,14 +129,16 @@ class EmulationConfig(_Strict):
     pace_steps: int = Field(10, ge=1, description="a followed pace is read over up to this many steps of the sandbox "
                                                   "ranks' compute: the machine's drift, not one step's noise, which "
                                                   "the calibrated spans carry already")
-    virtual_spans: Literal["paired", "steady", "timed"] = Field(
+    virtual_spans: Literal["matched", "paired", "steady", "timed"] = Field(
         "paired", description="what a timed run's virtual ranks compute each node in: steady, in steps after the "
                               "warm-up that run the rank's usual nodes, its position's trimmed mean over them, so "
                               "that a virtual rank's noise is not drawn apart from its sandbox peers' "
                               "(replay/steady.py; README item 45); timed, the calibrated span of that node in that "
                               "step, one draw of the timing run's noise, which virtual ranks waiting for each other "
                               "need; paired, steady for the virtual ranks whose every peer is a sandbox rank and "
-                              "timed for the rest")
+                              "timed for the rest; matched, as paired, but each steady rank keeps the share of its "
+                              "timed noise that the calibrated timeline shows its sandbox peers do not share with "
+                              "it (steady.py kept_noise: none where they share half or more)")
     build_ahead: bool = Field(True, description="a timed run builds what its virtual ranks send in a ring (the "
                                                 "partials folded from the tensor cache) while they compute up to "
                                                 "the op, as a real rank has its data at hand when it arrives "

@@ -443,16 +443,23 @@ def steady_compute(bare: Trace, rank: int, first_step: int) -> np.ndarray | None
     """Compute nodes of the rank's steps from `first_step` that run the most common sequence of
     them (same ops and labels), as [step, position] (local node indices); None with fewer than
     two such steps."""
+    found = steady_steps(bare, rank, first_step)
+    return None if found is None else found[1]
+
+
+def steady_steps(bare: Trace, rank: int, first_step: int) -> tuple[list[int], np.ndarray] | None:
+    """`steady_compute` with the step number of each of its rows."""
     cols = bare.rank(rank)
     step, compute = cols["step"], cols["kind"] == COMPUTE
-    by_step = [np.nonzero(compute & (step == k))[0] for k in range(first_step, int(step.max(initial=-1)) + 1)]
+    numbers = range(first_step, int(step.max(initial=-1)) + 1)
+    by_step = [np.nonzero(compute & (step == k))[0] for k in numbers]
     keys = [(cols["op"][v].tobytes(), cols["label"][v].tobytes()) for v in by_step]
     kept = [k for k, v in zip(keys, by_step) if len(v)]
     if not kept:
         return None
     common = max(set(kept), key=kept.count)
-    rows = [v for k, v in zip(keys, by_step) if len(v) and k == common]
-    return np.stack(rows) if len(rows) > 1 else None
+    rows = [(k, v) for k, key, v in zip(numbers, keys, by_step) if len(v) and key == common]
+    return ([k for k, _ in rows], np.stack([v for _, v in rows])) if len(rows) > 1 else None
 
 
 def step_ends(bare: Trace, end: np.ndarray, rank: int) -> list[float]:

@@ -1152,7 +1152,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     what the virtual ranks send is built while they compute up to it (`Assistant._build_ahead`).
     `virtual_spans`: timed, "steady": each virtual rank's steady steps from `steady_from` take their
     positions' trimmed mean spans; "paired": only those of virtual ranks whose every peer is a
-    sandbox rank (replay/steady.py); "timed": the timeline's spans as they are.
+    sandbox rank (replay/steady.py); "matched": those, each keeping the share of its timed noise
+    that its sandbox peers do not share with it (`steady.kept_noise`); "timed": the timeline's
+    spans as they are.
     """
     import torch
     import torch.distributed as dist
@@ -1170,12 +1172,16 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     if model is not None and model.span.shape != trace.columns["kind"].shape:
         raise ValueError(f"{timing} does not belong to the graph {graph}")
     steady: list[int] = []
+    matched: dict[int, tuple[float | None, float]] = {}
     if model is not None and virtual_spans != "timed":
-        from prism_core.replay.steady import paired_ranks, steady_spans
+        from prism_core.replay.steady import matched_noise, paired_ranks, steady_spans
 
         virtual = sorted(set(range(trace.world_size)) - set(sandbox))
         steady = virtual if virtual_spans == "steady" else paired_ranks(trace, virtual, sandbox)
-        model = replace(model, span=steady_spans(trace, model.span, steady, steady_from))
+        if virtual_spans == "matched":
+            matched = matched_noise(trace, model.span, steady, sandbox, steady_from)
+        model = replace(model, span=steady_spans(trace, model.span, steady, steady_from,
+                                                 kept={r: w for r, (_, w) in matched.items()}))
     source_path = Path(graph).parent / REPLICA_SOURCE
     source = np.load(source_path) if source_path.is_file() else None
     pacer = late_join = None
@@ -1237,6 +1243,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "late_join_wait_s": late_join.waited_s if late_join else 0.0,
         "follow_pace": assistant.follow.stats() if assistant.follow is not None else None,
         "virtual_spans": None if model is None else virtual_spans, "steady_ranks": len(steady),
+        "shared_noise": {str(r): rho for r, (rho, _) in sorted(matched.items())},
+        "kept_noise": {str(r): w for r, (_, w) in sorted(matched.items())},
         "stopped_s": assistant._slipped - assistant._stop_base,     # the schedule moved by it
         "inputs_streamed": assistant.inputs.streamed, "inputs_read_on_demand": assistant.inputs.on_demand,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
@@ -1277,12 +1285,13 @@ def main(argv: list[str] | None = None) -> None:
                              "(the timeline's alone_span) or against their calibrated spans")
     parser.add_argument("--pace-steps", type=int, default=1, metavar="N",
                         help="with --follow-pace: read the pace over up to N steps")
-    parser.add_argument("--virtual-spans", choices=("timed", "steady", "paired"), default="timed",
+    parser.add_argument("--virtual-spans", choices=("timed", "steady", "paired", "matched"), default="timed",
                         help="timed: the virtual ranks' compute spans as calibrated (timed), their steady steps' "
-                             "positions' trimmed means (steady), or those only for virtual ranks whose every peer "
-                             "is a sandbox rank (paired; replay/steady.py)")
+                             "positions' trimmed means (steady), those only for virtual ranks whose every peer "
+                             "is a sandbox rank (paired; replay/steady.py), or those keeping the share of their "
+                             "noise their sandbox peers do not share (matched)")
     parser.add_argument("--steady-from", type=int, default=0, metavar="STEP",
-                        help="with --virtual-spans steady or paired: the first step that may be steady")
+                        help="with --virtual-spans steady, paired or matched: the first step that may be steady")
     parser.add_argument("--no-build-ahead", action="store_true",
                         help="timed: build what a virtual rank sends when its op comes due, not while it computes "
                              "up to it (an ablation)")

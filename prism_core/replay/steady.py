@@ -29,6 +29,15 @@ interest's steps in another order (their live noise another draw than the timeli
 virtual ranks as timed it moved -0.12 ... +0.10%: at W=64 a timed virtual rank's draw beside the
 sandbox ranks' costs next to nothing, at W=2 it costs the waits above.
 
+A steady rank beside a peer that shares little of a real peer's noise (pp2: 0.10, its stages
+compute other nodes at the same moment) is closer to it than a real one; `emulation.virtual_spans:
+matched` gives each such rank back part of its own draw, w of its deviation from the trimmed mean,
+with w read from the calibrated timeline (`shared_noise`, `kept_noise`): sqrt(1 - 2 rho), so
+that the live and the virtual rank leave each node as far apart as two real ranks sharing rho.
+The timeline's slices ran apart, on the two cores at once but not waiting for each other, so its
+rho is the record's or less (0.08-0.10 / 0.30-0.46 / 0.39-0.54 / 0.57-0.73 for pp2 / ep2 / tp2 /
+dp2, against 0.08-0.11 / 0.50-0.58 / 0.60-0.73 / 0.63-0.82 in items 45-46's second records).
+
 Steps whose sequence of compute nodes is not the rank's most common one, and warm-up steps, keep
 their spans. A trimmed mean, not the median: a node's noise is skewed (slow draws are longer than
 fast ones), and a virtual rank is to compute what its real rank does on average; trimmed, so that one
@@ -37,15 +46,17 @@ stalled draw (a preemption) is not spread over every step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from prism_core.calibrate.durations import steady_compute
+from prism_core.calibrate.durations import steady_compute, steady_steps
 from prism_core.trace import Trace
 from prism_core.trace.schema import COMPUTE
 
 TRIM = 0.1     # the share of a position's steps left out at each end
+CLIP_S = 1e-3  # a node's deviation counts at most this far from its position's median: one stall
+               # (a preemption) is not noise the two cores share
 
 
 def trimmed_mean(values: np.ndarray, trim: float = TRIM) -> np.ndarray:
@@ -75,16 +86,80 @@ def paired_ranks(trace: Trace, virtual: Iterable[int], sandbox: Iterable[int]) -
     return out
 
 
+def deviations(spans: np.ndarray) -> np.ndarray:
+    """[step, position] spans less their position's median over the steps, clipped to +-CLIP_S."""
+    return np.clip(spans - np.median(spans, axis=0), -CLIP_S, CLIP_S)
+
+
+def shared_noise(trace: Trace, span: np.ndarray, rank: int, peer: int, first_step: int) -> float | None:
+    """How much of its noise `rank` shares with `peer` in `span` (a calibrated timeline): the
+    correlation, node by node over the steady steps both ranks have from `first_step`, of their
+    spans' deviations from their positions' medians. None where the two ranks' steady steps compute
+    different numbers of nodes, where fewer than two steps are common, or where one does not vary."""
+    found = [steady_steps(trace, int(r), first_step) for r in (rank, peer)]
+    if found[0] is None or found[1] is None or found[0][1].shape[1] != found[1][1].shape[1]:
+        return None
+    common = sorted(set(found[0][0]) & set(found[1][0]))
+    if len(common) < 2:
+        return None
+    dev = []
+    for r, (steps, grid) in zip((rank, peer), found):
+        rows = grid[[steps.index(k) for k in common]]
+        dev.append(deviations(span[rows + int(trace.offsets[r])]).ravel())
+    if dev[0].std() == 0 or dev[1].std() == 0:
+        return None
+    return float(np.corrcoef(dev[0], dev[1])[0, 1])
+
+
+def kept_noise(rho: float | None) -> float:
+    """The share of its timed noise a virtual rank keeps beside a sandbox peer it shares `rho` of
+    its noise with, so that the two leave each node as far apart as two real ranks do.
+
+    Two real ranks of noise s each, sharing rho of it, are apart by a variance of 2 s^2 (1 - rho)
+    at each node; the sandbox rank's live noise and a virtual rank's w of its calibrated draw, which
+    is unrelated to it, by s^2 (1 + w^2). So w = sqrt(1 - 2 rho), and 0 (steady) where rho is 0.5 or
+    more: such real ranks are closer than a live rank and a steady one can be. None (not read): 0."""
+    if rho is None or not np.isfinite(rho):
+        return 0.0
+    return float(np.sqrt(max(0.0, 1.0 - 2.0 * rho)))
+
+
+def sandbox_peers(trace: Trace, rank: int, sandbox: Iterable[int]) -> list[int]:
+    """The sandbox ranks that share a group `rank` communicates in."""
+    real = set(sandbox)
+    kind, group = trace.columns["kind"], trace.columns["group"]
+    s = trace.rank_slice(int(rank))
+    used = np.unique(group[s][(kind[s] != COMPUTE) & (group[s] >= 0)])
+    return sorted({m for g in used.tolist() for m in trace.groups[g] if m in real and m != rank})
+
+
+def matched_noise(trace: Trace, span: np.ndarray, ranks: Iterable[int], sandbox: Iterable[int],
+                  first_step: int) -> dict[int, tuple[float | None, float]]:
+    """Per virtual rank of `ranks`: (rho, w), the noise it shares with its sandbox peers in the
+    calibrated `span` (their mean, where read) and the share of its own noise it keeps for it."""
+    sandbox = list(sandbox)
+    out = {}
+    for r in ranks:
+        read = [x for p in sandbox_peers(trace, int(r), sandbox)
+                if (x := shared_noise(trace, span, int(r), p, first_step)) is not None]
+        rho = float(np.mean(read)) if read else None
+        out[int(r)] = (rho, kept_noise(rho))
+    return out
+
+
 def steady_spans(trace: Trace, span: np.ndarray, ranks: Iterable[int], first_step: int,
-                 trim: float = TRIM) -> np.ndarray:
+                 trim: float = TRIM, kept: Mapping[int, float] | None = None) -> np.ndarray:
     """`span` (per node of the graph) with each compute node of `ranks`' steady steps from
-    `first_step` replaced by its position's trimmed mean over those steps. Other nodes and ranks
-    are left as they are; a rank with fewer than two steady steps too."""
+    `first_step` replaced by its position's trimmed mean over those steps, plus `kept[rank]` (0
+    where not given) of the node's own deviation from that mean. Other nodes and ranks are left as
+    they are; a rank with fewer than two steady steps too."""
     out = np.array(span, dtype=np.float64, copy=True)
     for r in ranks:
         grid = steady_compute(trace, int(r), first_step)      # [step, position], nodes of the rank
         if grid is None:
             continue
         nodes = grid + int(trace.offsets[r])
-        out[nodes] = trimmed_mean(out[nodes], trim)[None, :]
+        mean = trimmed_mean(out[nodes], trim)[None, :]
+        w = (kept or {}).get(int(r), 0.0)
+        out[nodes] = mean + w * (out[nodes] - mean) if w else mean
     return out

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from fidelity import _other_against, _other_reference, _other_spans, _other_steps, _share_preload, _step_noise, _timed_and_streamed  # noqa: E402
+from fidelity import (_load, _other_against, _other_reference, _other_spans, _other_steps, _share_preload,  # noqa: E402
+                      _step_noise, _timed_and_streamed, launch_cmd)
 
 from prism_core.config import EmulationConfig  # noqa: E402
 
@@ -89,3 +90,13 @@ def test_virtual_ranks_paired_with_sandbox_ranks_take_steady_spans_by_default_an
     assert _other_spans(default) == "timed"
     assert _other_spans(default.model_copy(update={"virtual_spans": "steady"})) == "timed"
     assert _other_spans(default.model_copy(update={"virtual_spans": "timed"})) == "paired"
+    assert _other_spans(default.model_copy(update={"virtual_spans": "matched"})) == "paired"
+
+
+def test_the_emulations_spans_set_on_the_command_line_reach_each_launch():
+    cmd = launch_cmd(["record", "out"], "tiny_moe_w2_pp2", 10, 1, "co_run", virtual_spans="matched")
+    at = cmd.index("--virtual-spans")
+    assert cmd[at + 1] == "matched"
+    assert "--virtual-spans" not in launch_cmd(["record", "out"], "tiny_moe_w2_pp2", 10, 1, "co_run")
+    assert _load("pp2", 10, 1, virtual_spans="matched").emulation.virtual_spans == "matched"
+    assert _load("pp2", 10, 1).emulation.virtual_spans == EmulationConfig().virtual_spans

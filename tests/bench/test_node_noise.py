@@ -61,3 +61,20 @@ def test_real_ranks_sharing_their_noise_wait_for_none_and_a_timed_virtual_rank_d
     assert row.wait["steady"] == pytest.approx(np.clip(-own, 0, None).mean())
     assert row.wait["real"] < row.wait["steady"] < row.wait["timed"]
     assert row.timed[0] < 0 < row.timed[1]
+
+
+def test_a_matched_emulation_is_read_beside_the_others(tmp_path):
+    trace, model = _two_ranks([[0.010, 0.020]] * STEPS)
+    for r in range(2):
+        _write_part(tmp_path / "record_e", r, _spans(trace, model, r, SHARED))
+    for run, way in (("emulate_0", "matched"), ("emulate_0_spans", "paired")):
+        _write_part(tmp_path / run, 0, _spans(trace, model, 0, SHARED))
+        (tmp_path / run / "replay").mkdir()
+        (tmp_path / run / "replay" / "stats.json").write_text(json.dumps({"virtual_spans": way}))
+    span = model.span.copy()
+    span[trace.rank_slice(1)] = _spans(trace, model, 1, DRAWN)
+    span[trace.rank_slice(0)] = _spans(trace, model, 0, SHARED + 0.4 * DRAWN)   # rank 0 shares some of it
+    (tmp_path / "calibrate").mkdir()
+    np.savez(tmp_path / "calibrate" / "timeline.npz", span=span)
+    (row,) = read_pair("pp2", tmp_path, trace)
+    assert row.wait["timed"] > row.wait["matched"] > row.wait["steady"]   # about half its draw

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prism_core.replay.steady import paired_ranks, steady_spans, trimmed_mean
+from prism_core.replay.steady import (kept_noise, matched_noise, paired_ranks, sandbox_peers, shared_noise,
+                                    steady_spans, trimmed_mean)
 from prism_core.trace.schema import COMPUTE
 
 from tests.calibrate.test_timeline import allreduce, build, compute
@@ -75,3 +76,75 @@ def test_paired_ranks_are_the_virtual_ranks_whose_every_peer_is_a_sandbox_rank()
     assert paired_ranks(trace, [1, 2], sandbox=[0, 3]) == [1, 2]          # their peers all real
     two, _ = _two_ranks([[0.01, 0.02]] * 3)
     assert paired_ranks(two, [1], sandbox=[0]) == [1]                     # W=2: the one virtual rank
+
+
+def _noisy_pair(shared: float, steps: int = 40, seed: int = 0):
+    """Two ranks of two compute nodes a step whose spans' noise shares `shared` of itself (the
+    rest each rank's own), each node 10 ms +- 0.2 ms; step 0 a warm-up."""
+    rng = np.random.default_rng(seed)
+    common = rng.normal(0.0, 2e-4, (steps, 2))
+    own = rng.normal(0.0, 2e-4, (2, steps, 2))
+    noise = [np.sqrt(shared) * common + np.sqrt(1 - shared) * own[r] for r in range(2)]
+    trace, model = _two_ranks([[1.0, 1.0]] * steps)
+    span = model.span.copy()
+    for r in range(2):
+        nodes = trace.offsets[r] + np.nonzero(trace.rank(r)["kind"] == COMPUTE)[0].reshape(steps, 2)
+        span[nodes[1:]] = 0.010 + noise[r][1:]
+    return trace, span
+
+
+@pytest.mark.parametrize("shared", [0.0, 0.4, 0.8])
+def test_shared_noise_reads_how_much_of_its_noise_a_rank_shares_with_its_peer(shared):
+    trace, span = _noisy_pair(shared, steps=400)
+    rho = shared_noise(trace, span, 1, 0, first_step=1)
+    assert rho == pytest.approx(shared, abs=0.08)
+    assert shared_noise(trace, span, 0, 1, first_step=1) == pytest.approx(rho)
+
+
+def test_shared_noise_is_not_read_without_common_steady_steps_or_variation():
+    trace, span = _noisy_pair(0.5)
+    assert shared_noise(trace, span, 1, 0, first_step=39) is None       # one steady step
+    flat = span.copy()
+    flat[trace.rank_slice(0)][trace.rank(0)["kind"] == COMPUTE] = 0.010
+    assert shared_noise(trace, flat, 1, 0, first_step=1) is None         # rank 0 does not vary
+    trace.columns["label"][trace.offsets[1] + 4] = 1                     # rank 1's step 1 ran another kernel:
+    assert shared_noise(trace, span, 1, 0, first_step=1) is not None     # read over the steps both ran steadily
+
+
+def test_kept_noise_leaves_a_live_and_a_virtual_rank_as_far_apart_as_two_real_ones():
+    assert kept_noise(0.0) == pytest.approx(1.0)         # real ranks sharing nothing: the whole draw
+    assert kept_noise(0.18) == pytest.approx(0.8)
+    assert kept_noise(0.5) == 0.0 and kept_noise(0.7) == 0.0    # closer than a steady rank can be
+    assert kept_noise(None) == 0.0 and kept_noise(float("nan")) == 0.0
+    rng = np.random.default_rng(1)
+    for rho in (0.0, 0.2, 0.4):                          # the spread of the two ranks' difference
+        common, a, b = rng.normal(size=(3, 200_000))
+        real = np.sqrt(rho) * common + np.sqrt(1 - rho) * a - (np.sqrt(rho) * common + np.sqrt(1 - rho) * b)
+        emulated = a - kept_noise(rho) * b
+        assert emulated.std() == pytest.approx(real.std(), rel=0.02)
+
+
+def test_matched_ranks_keep_their_share_of_noise_around_the_trimmed_mean():
+    trace, span = _noisy_pair(0.2)
+    matched = matched_noise(trace, span, [1], sandbox=[0], first_step=1)
+    rho, w = matched[1]
+    assert rho == shared_noise(trace, span, 1, 0, 1) and w == kept_noise(rho) and 0 < w < 1
+    out = steady_spans(trace, span, [1], first_step=1, kept={1: w})
+    mean = steady_spans(trace, span, [1], first_step=1)
+    nodes = trace.offsets[1] + np.nonzero(trace.rank(1)["kind"] == COMPUTE)[0][2:]
+    assert out[nodes] == pytest.approx(mean[nodes] + w * (span[nodes] - mean[nodes]))
+    assert np.array_equal(steady_spans(trace, span, [1], first_step=1, kept={1: 0.0}), mean)
+    assert np.array_equal(steady_spans(trace, span, [1], first_step=1, kept={1: 1.0}), span)
+    assert np.array_equal(out[trace.rank_slice(0)], span[trace.rank_slice(0)])    # the sandbox rank as it was
+    assert matched_noise(trace, span, [1], sandbox=[], first_step=1) == {1: (None, 0.0)}   # no sandbox peer
+
+
+def test_sandbox_peers_are_the_sandbox_members_of_the_ranks_groups():
+    groups = [(0, 1), (2, 3), (0, 2), (1, 3)]
+    tp, dp = {0: 0, 1: 0, 2: 1, 3: 1}, {0: 2, 2: 2, 1: 3, 3: 3}
+    ranks = [[compute(0.01), allreduce(tp[r], 0, 0.01), compute(0.01), allreduce(dp[r], 0, 0.01)]
+             for r in range(4)]
+    trace, _ = build(ranks, groups)
+    assert sandbox_peers(trace, 1, sandbox=[0, 3]) == [0, 3]
+    assert sandbox_peers(trace, 2, sandbox=[0]) == [0]
+    assert sandbox_peers(trace, 2, sandbox=[1]) == []
