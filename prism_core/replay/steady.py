@@ -39,9 +39,12 @@ rho is the record's or less (0.08-0.10 / 0.30-0.46 / 0.39-0.54 / 0.57-0.73 for p
 dp2, against 0.08-0.11 / 0.50-0.58 / 0.60-0.73 / 0.63-0.82 in items 45-46's second records).
 
 Steps whose sequence of compute nodes is not the rank's most common one, and warm-up steps, keep
-their spans. A trimmed mean, not the median: a node's noise is skewed (slow draws are longer than
-fast ones), and a virtual rank is to compute what its real rank does on average; trimmed, so that one
-stalled draw (a preemption) is not spread over every step.
+their spans. Each position takes its trimmed mean, so that one stalled draw (a preemption) is not
+spread over every step, scaled so that the step computes what the rank's median step did (the
+sum of its nodes' spans over the steady steps): a node's noise is skewed, slow draws longer than
+fast ones, and the trimmed means alone summed to 0.5-3.7% less than the median step (item 47's
+32 calibrated virtual ranks; dp2 0.5-1.6%, ep2 1.0-2.1%, pp2 0.7-3.7%, tp2 0.8-2.2%), which
+leaned the emulations low. The fidelity bench reads each run's median step too.
 """
 
 from __future__ import annotations
@@ -150,16 +153,20 @@ def matched_noise(trace: Trace, span: np.ndarray, ranks: Iterable[int], sandbox:
 def steady_spans(trace: Trace, span: np.ndarray, ranks: Iterable[int], first_step: int,
                  trim: float = TRIM, kept: Mapping[int, float] | None = None) -> np.ndarray:
     """`span` (per node of the graph) with each compute node of `ranks`' steady steps from
-    `first_step` replaced by its position's trimmed mean over those steps, plus `kept[rank]` (0
-    where not given) of the node's own deviation from that mean. Other nodes and ranks are left as
-    they are; a rank with fewer than two steady steps too."""
+    `first_step` replaced by its position's trimmed mean over those steps, scaled so that a steady
+    step computes what the rank's median step did, plus `kept[rank]` (0 where not given) of the
+    node's own deviation from that. Other nodes and ranks are left as they are; a rank with fewer
+    than two steady steps too."""
     out = np.array(span, dtype=np.float64, copy=True)
     for r in ranks:
         grid = steady_compute(trace, int(r), first_step)      # [step, position], nodes of the rank
         if grid is None:
             continue
         nodes = grid + int(trace.offsets[r])
-        mean = trimmed_mean(out[nodes], trim)[None, :]
+        drawn = out[nodes]
+        mean = trimmed_mean(drawn, trim)
+        if mean.sum() > 0:
+            mean = mean * (float(np.median(drawn.sum(axis=1))) / float(mean.sum()))
         w = (kept or {}).get(int(r), 0.0)
-        out[nodes] = mean + w * (out[nodes] - mean) if w else mean
+        out[nodes] = mean[None, :] + w * (drawn - mean[None, :]) if w else mean[None, :]
     return out

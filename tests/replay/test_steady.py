@@ -34,7 +34,7 @@ def test_trimmed_mean_leaves_out_each_end():
     assert trimmed_mean(np.array([[5.0]]), 0.1).tolist() == [5.0]
 
 
-def test_virtual_ranks_steady_steps_take_their_positions_trimmed_mean():
+def test_virtual_ranks_steady_steps_take_their_positions_trimmed_mean_scaled_to_the_median_step():
     # step 0 is the warm-up; steps 1-10 draw each position's span with noise, one draw stalled
     draws = [[0.010, 0.020], [0.011, 0.019], [0.009, 0.021], [0.012, 0.018], [0.008, 0.022],
              [0.010, 0.020], [0.011, 0.019], [0.009, 0.021], [0.010, 0.500], [0.010, 0.020]]
@@ -42,10 +42,13 @@ def test_virtual_ranks_steady_steps_take_their_positions_trimmed_mean():
     out = steady_spans(trace, model.span, ranks=[1], first_step=1)
     steady = _compute_of(trace, out, 1)
     assert steady[:2] == [1.0, 1.0]                                   # the warm-up step as timed
-    first = np.array(draws)[:, 0]
-    second = np.sort(np.array(draws)[:, 1])[1:-1]                     # the stall trimmed away
-    assert steady[2::2] == pytest.approx([np.sort(first)[1:-1].mean()] * 10)
-    assert steady[3::2] == pytest.approx([second.mean()] * 10)
+    first = np.sort(np.array(draws)[:, 0])[1:-1].mean()
+    second = np.sort(np.array(draws)[:, 1])[1:-1].mean()             # the stall trimmed away
+    median_step = np.median(np.array(draws).sum(axis=1))             # 0.030: what a steady step computes
+    scale = median_step / (first + second)
+    assert steady[2::2] == pytest.approx([first * scale] * 10)
+    assert steady[3::2] == pytest.approx([second * scale] * 10)
+    assert (np.array(steady[2::2]) + np.array(steady[3::2])) == pytest.approx([median_step] * 10)
     assert _compute_of(trace, out, 0) == _compute_of(trace, model.span, 0)     # rank 0 (sandbox) untouched
     comm = trace.columns["kind"] != COMPUTE
     assert np.array_equal(out[comm], model.span[comm])                 # only compute nodes move
@@ -56,7 +59,7 @@ def test_steps_running_other_nodes_keep_their_spans():
     trace, model = _two_ranks([[1.0, 1.0], [0.01, 0.02], [0.03, 0.04], [0.05, 0.06]])
     trace.columns["label"][trace.offsets[1] + 8] = 1                  # rank 1's step 2 ran another kernel
     out = _compute_of(trace, steady_spans(trace, model.span, ranks=[1], first_step=1), 1)
-    assert out == pytest.approx([1.0, 1.0, 0.03, 0.04, 0.03, 0.04, 0.03, 0.04])   # steps 1 and 3: their mean
+    assert out == pytest.approx([1.0, 1.0, 0.03, 0.04, 0.03, 0.04, 0.03, 0.04])   # steps 1 and 3: their middle
     assert _compute_of(trace, model.span, 1)[4:6] == pytest.approx([0.03, 0.04])
 
 
@@ -133,6 +136,8 @@ def test_matched_ranks_keep_their_share_of_noise_around_the_trimmed_mean():
     mean = steady_spans(trace, span, [1], first_step=1)
     nodes = trace.offsets[1] + np.nonzero(trace.rank(1)["kind"] == COMPUTE)[0][2:]
     assert out[nodes] == pytest.approx(mean[nodes] + w * (span[nodes] - mean[nodes]))
+    steps = out[nodes].reshape(-1, 2).sum(axis=1)        # the median step as drawn, kept
+    assert np.median(steps) == pytest.approx(np.median(span[nodes].reshape(-1, 2).sum(axis=1)))
     assert np.array_equal(steady_spans(trace, span, [1], first_step=1, kept={1: 0.0}), mean)
     assert np.array_equal(steady_spans(trace, span, [1], first_step=1, kept={1: 1.0}), span)
     assert np.array_equal(out[trace.rank_slice(0)], span[trace.rank_slice(0)])    # the sandbox rank as it was
