@@ -130,7 +130,7 @@ class EmulationConfig(_Strict):
                                                   "ranks' compute: the machine's drift, not one step's noise, which "
                                                   "the calibrated spans carry already")
     virtual_spans: Literal["matched", "paired", "steady", "timed"] = Field(
-        "paired", description="what a timed run's virtual ranks compute each node in: steady, in steps after the "
+        "matched", description="what a timed run's virtual ranks compute each node in: steady, in steps after the "
                               "warm-up that run the rank's usual nodes, its position's trimmed mean over them, so "
                               "that a virtual rank's noise is not drawn apart from its sandbox peers' "
                               "(replay/steady.py; README item 45); timed, the calibrated span of that node in that "
@@ -138,7 +138,7 @@ class EmulationConfig(_Strict):
                               "need; paired, steady for the virtual ranks whose every peer is a sandbox rank and "
                               "timed for the rest; matched, as paired, but each steady rank keeps the share of its "
                               "timed noise that the calibrated timeline shows its sandbox peers do not share with "
-                              "it (steady.py kept_noise: none where they share half or more)")
+                              "it (steady.py kept_noise: none where they share half or more; README items 47-48)")
     build_ahead: bool = Field(True, description="a timed run builds what its virtual ranks send in a ring (the "
                                                 "partials folded from the tensor cache) while they compute up to "
                                                 "the op, as a real rank has its data at hand when it arrives "

@@ -84,10 +84,11 @@ def test_the_other_pace_reading_is_item_35s_way_against_the_default():
     assert _other_against(default.model_copy(update={"pace_reference": "alone"})) == "loaded"
 
 
-def test_virtual_ranks_paired_with_sandbox_ranks_take_steady_spans_by_default_and_the_other_way_is_as_timed():
+def test_virtual_ranks_paired_with_sandbox_ranks_are_matched_by_default_and_the_other_way_is_paired():
     default = EmulationConfig()
-    assert default.virtual_spans == "paired"
-    assert _other_spans(default) == "timed"
+    assert default.virtual_spans == "matched"
+    assert _other_spans(default) == "paired"
+    assert _other_spans(default.model_copy(update={"virtual_spans": "paired"})) == "timed"
     assert _other_spans(default.model_copy(update={"virtual_spans": "steady"})) == "timed"
     assert _other_spans(default.model_copy(update={"virtual_spans": "timed"})) == "paired"
     assert _other_spans(default.model_copy(update={"virtual_spans": "matched"})) == "paired"

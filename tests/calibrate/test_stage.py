@@ -60,8 +60,9 @@ def test_a_short_co_run_is_filled_with_the_slices_dp_replicas_before_twins():
     (False, ["emulation.keep_awake=false"], ""),
     (False, ["emulation.follow_pace=false"], "_awake"),    # a plain slice replays no timeline: no pace
     (False, ["emulation.virtual_spans=timed"], "_awake"),  # ... nor virtual ranks taking its spans
-    (True, [], "_awake_pace_paired"),
-    (True, ["emulation.follow_pace=false"], "_awake_paired"),
+    (True, [], "_awake_pace_matched"),
+    (True, ["emulation.follow_pace=false"], "_awake_matched"),
+    (True, ["emulation.virtual_spans=paired"], "_awake_pace_paired"),
     (True, ["emulation.virtual_spans=steady"], "_awake_pace_steady"),
     (True, ["emulation.awake_while_computing=false", "emulation.follow_pace=false",
             "emulation.virtual_spans=timed"], ""),
