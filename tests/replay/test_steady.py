@@ -68,13 +68,17 @@ def test_a_rank_with_one_steady_step_keeps_its_spans():
     assert np.array_equal(steady_spans(trace, model.span, ranks=[0, 1], first_step=1), model.span)
 
 
-def test_paired_ranks_are_the_virtual_ranks_whose_every_peer_is_a_sandbox_rank():
-    # four ranks: pairs {0, 1} and {2, 3} (TP), {0, 2} and {1, 3} (DP); rank 0 real
+def _four_ranks():
+    """Four ranks: pairs {0, 1} and {2, 3} (TP), {0, 2} and {1, 3} (DP)."""
     groups = [(0, 1), (2, 3), (0, 2), (1, 3)]
     tp, dp = {0: 0, 1: 0, 2: 1, 3: 1}, {0: 2, 2: 2, 1: 3, 3: 3}
     ranks = [[compute(0.01), allreduce(tp[r], 0, 0.01), compute(0.01), allreduce(dp[r], 0, 0.01)]
              for r in range(4)]
-    trace, _ = build(ranks, groups)
+    return build(ranks, groups)[0]
+
+
+def test_paired_ranks_are_the_virtual_ranks_whose_every_peer_is_a_sandbox_rank():
+    trace = _four_ranks()                                                  # rank 0 real
     assert paired_ranks(trace, [1, 2, 3], sandbox=[0]) == []              # 1 and 2 also talk to 3
     assert paired_ranks(trace, [1, 2], sandbox=[0, 3]) == [1, 2]          # their peers all real
     two, _ = _two_ranks([[0.01, 0.02]] * 3)
@@ -145,11 +149,7 @@ def test_matched_ranks_keep_their_share_of_noise_around_the_trimmed_mean():
 
 
 def test_sandbox_peers_are_the_sandbox_members_of_the_ranks_groups():
-    groups = [(0, 1), (2, 3), (0, 2), (1, 3)]
-    tp, dp = {0: 0, 1: 0, 2: 1, 3: 1}, {0: 2, 2: 2, 1: 3, 3: 3}
-    ranks = [[compute(0.01), allreduce(tp[r], 0, 0.01), compute(0.01), allreduce(dp[r], 0, 0.01)]
-             for r in range(4)]
-    trace, _ = build(ranks, groups)
+    trace = _four_ranks()
     assert sandbox_peers(trace, 1, sandbox=[0, 3]) == [0, 3]
     assert sandbox_peers(trace, 2, sandbox=[0]) == [0]
     assert sandbox_peers(trace, 2, sandbox=[1]) == []
