@@ -69,22 +69,27 @@ def trimmed_mean(values: np.ndarray, trim: float = TRIM) -> np.ndarray:
     return v[k:len(v) - k].mean(axis=0) if len(v) > 2 * k else v.mean(axis=0)
 
 
+def groups_used(trace: Trace, rank: int) -> list[int]:
+    """The groups `rank` communicates in (its communication nodes' groups)."""
+    kind, group = trace.columns["kind"], trace.columns["group"]
+    s = trace.rank_slice(rank)
+    return np.unique(group[s][(kind[s] != COMPUTE) & (group[s] >= 0)]).tolist()
+
+
 def paired_ranks(trace: Trace, virtual: Iterable[int], sandbox: Iterable[int]) -> list[int]:
     """The virtual ranks whose every peer -- every other member of each group they communicate in --
     is a sandbox rank."""
     real = set(sandbox)
-    kind, group = trace.columns["kind"], trace.columns["group"]
     # per group, its members that are not sandbox ranks, once (a world group of W members would
     # otherwise be walked for each of its W - S virtual ranks)
     others: dict[int, set[int]] = {}
     out = []
     for r in virtual:
-        s = trace.rank_slice(int(r))
-        used = np.unique(group[s][(kind[s] != COMPUTE) & (group[s] >= 0)])
-        for g in used.tolist():
+        used = groups_used(trace, int(r))
+        for g in used:
             if g not in others:
                 others[g] = {m for m in trace.groups[g] if m not in real}
-        if all(others[g] <= {int(r)} for g in used.tolist()):
+        if all(others[g] <= {int(r)} for g in used):
             out.append(int(r))
     return out
 
@@ -130,10 +135,7 @@ def kept_noise(rho: float | None) -> float:
 def sandbox_peers(trace: Trace, rank: int, sandbox: Iterable[int]) -> list[int]:
     """The sandbox ranks that share a group `rank` communicates in."""
     real = set(sandbox)
-    kind, group = trace.columns["kind"], trace.columns["group"]
-    s = trace.rank_slice(int(rank))
-    used = np.unique(group[s][(kind[s] != COMPUTE) & (group[s] >= 0)])
-    return sorted({m for g in used.tolist() for m in trace.groups[g] if m in real and m != rank})
+    return sorted({m for g in groups_used(trace, int(rank)) for m in trace.groups[g] if m in real and m != rank})
 
 
 def matched_noise(trace: Trace, span: np.ndarray, ranks: Iterable[int], sandbox: Iterable[int],
