@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.calibrate.durations import steady_compute
-from prism_core.replay.steady import deviations, matched_noise, steady_spans
+from prism_core.replay.steady import deviations, matched_noise, node_moments, steady_spans
 from kept import read_kept
 from prism_core.trace import Trace
 
@@ -91,7 +91,7 @@ def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
     record = pair / "record_e"
     warmup = _warmup(record)
     with np.load(pair / "calibrate" / "timeline.npz") as timeline:
-        span = timeline["span"]
+        span, moments = timeline["span"], node_moments(timeline)
     grids = [steady_compute(trace, r, warmup) for r in range(2)]
     if any(g is None for g in grids):
         return []
@@ -111,7 +111,7 @@ def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
         own = {way: deviations(_part_spans(r, s)[grids[s]]) for way, r in runs.items()}
         ways = [("real", real[v], real[s]), ("timed", timed, own["timed"]), ("steady", steady, own["steady"])]
         if "matched" in own:
-            kept = {r: w for r, (_, w) in matched_noise(trace, span, [v], [s], warmup).items()}
+            kept = {r: w for r, (_, w) in matched_noise(trace, span, [v], [s], warmup, moments).items()}
             ways.append(("matched", deviations(steady_spans(trace, span, [v], warmup, kept=kept)
                                                [trace.rank_slice(v)][grids[v]]), own["matched"]))
         row = NodeNoise(config, pair.name, s, float("nan"), correlation(timed, real[v]), (np.nan, np.nan),

@@ -138,7 +138,8 @@ class EmulationConfig(_Strict):
                               "need; paired, steady for the virtual ranks whose every peer is a sandbox rank and "
                               "timed for the rest; matched, as paired, but each steady rank keeps the share of its "
                               "timed noise that the calibrated timeline shows its sandbox peers do not share with "
-                              "it (steady.py kept_noise: none where they share half or more; README items 47-48)")
+                              "it, counted as far as the timeline runs their nodes at once (steady.py shared_noise, "
+                              "kept_noise: none where they share half or more; README items 47-49)")
     build_ahead: bool = Field(True, description="a timed run builds what its virtual ranks send in a ring (the "
                                                 "partials folded from the tensor cache) while they compute up to "
                                                 "the op, as a real rank has its data at hand when it arrives "

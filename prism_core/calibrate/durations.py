@@ -69,6 +69,10 @@ class RankTiming:
     # compute spans from a loaded run: how much of them the rank took alone (its plain run, as an
     # emulation's rank of interest computes), `alone_factor`; replay/follow.py reads its pace against it
     alone_factor: float | None = None
+    # per node: when it began and ended in the run its span is from (this machine's monotonic
+    # clock), which replay/steady.py `shared_noise` reads against the timeline's
+    began: np.ndarray | None = None
+    ended: np.ndarray | None = None
 
 
 def _check_same_structure(bare: Trace, rank: int, measured: dict[str, np.ndarray], where: Path) -> None:
@@ -185,8 +189,18 @@ def with_loaded_compute(bare: Trace, plain: dict[int, RankTiming], loaded: dict[
         if loaded[r].resume_gap is not None:
             gap = np.full(len(span), np.nan) if t.resume_gap is None else t.resume_gap.copy()
             gap[compute] = loaded[r].resume_gap[compute]
-        out[r] = replace(t, span=span, resume_gap=gap,
+        began, ended = (_with_compute(t.began, loaded[r].began, compute), _with_compute(t.ended, loaded[r].ended, compute))
+        out[r] = replace(t, span=span, resume_gap=gap, began=began, ended=ended,
                          alone_factor=alone_factor(t, loaded[r], compute & (cols["step"] >= warmup)))
+    return out
+
+
+def _with_compute(plain: np.ndarray | None, loaded: np.ndarray | None, compute: np.ndarray) -> np.ndarray | None:
+    """`plain` (per node) with the compute nodes' values from `loaded`; NaN where one is unknown."""
+    if plain is None and loaded is None:
+        return None
+    out = np.full(len(compute), np.nan) if plain is None else np.array(plain, dtype=np.float64)
+    out[compute] = np.nan if loaded is None else np.asarray(loaded)[compute]
     return out
 
 
@@ -246,7 +260,8 @@ def _rank_timing(bare: Trace, match: OpMatch, rank: int, cols: dict, last: np.nd
     return RankTiming(span=span, release=release, completes_synced=synced, transfer=transfer, step_times=steps,
                       gaps=gaps, peaks=result.get("step_peaks") or [], run=str(slice_dir),
                       issue_cost=_issue_cost(slice_dir / "trace_parts" / f"{rank}.npz", t0, t1, kind),
-                      resume_gap=compute_gaps(kind, t0, t1))
+                      resume_gap=compute_gaps(kind, t0, t1), began=np.array(t0, dtype=np.float64),
+                      ended=np.array(t1, dtype=np.float64))
 
 
 def _issue_cost(part: Path, t0: np.ndarray, t1: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -268,7 +283,7 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
     """The whole graph's model: each rank's own timing, or that of the rank it is renamed from."""
     n = len(bare.columns["kind"])
     span, transfer, cost = np.zeros(n), np.zeros(n), np.zeros(n)
-    gap = np.full(n, np.nan)
+    gap, began, ended = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     release = np.zeros(n, dtype=np.int8)
     synced = np.zeros(n, dtype=bool)
     for r in range(bare.world_size):
@@ -284,12 +299,14 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
             cost[s] = t.issue_cost
         if t.resume_gap is not None:
             gap[s] = t.resume_gap
+        if t.began is not None and t.ended is not None:
+            began[s], ended[s] = t.began, t.ended
     ref = np.full(n, -1, dtype=np.int64)
     waits = np.nonzero(bare.columns["kind"] == WAIT)[0]
     rank_of = np.repeat(np.arange(bare.world_size), np.diff(bare.offsets))
     ref[waits] = bare.offsets[rank_of[waits]] + bare.columns["ref"][waits]
     return NodeModel(span=span, release=release, ref=ref, completes_synced=synced, transfer=transfer, issue_cost=cost,
-                     resume_gap=gap)
+                     resume_gap=gap, measured_start=began, measured_end=ended)
 
 
 def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: dict[int, RankTiming],
@@ -378,7 +395,8 @@ def replica_copies(source: np.ndarray) -> dict[int, list[int]]:
 
 def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step: int,
                   orders: int = REPLICA_ORDERS, measured: dict[int, np.ndarray] | None = None,
-                  measured_gaps: dict[int, np.ndarray] | None = None) -> tuple[NodeModel, np.ndarray]:
+                  measured_gaps: dict[int, np.ndarray] | None = None,
+                  measured_times: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> tuple[NodeModel, np.ndarray]:
     """DP replicas that take a timed rank's durations, each with its steps' compute in another order.
 
     Replicas of one rank run the same nodes, but each computes with noise of its own (the
@@ -400,8 +418,10 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     in `prism record` of the W=2 configs), which a reordering of one rank's steps turns into
     waits the real replicas did not have; a replica measured beside the rank has the same spells.
 
-    The waits each compute span was measured after (`model.resume_gap`, calibrate/resume.py) move
-    with the spans; `measured_gaps`: those of the `measured` replicas (unknown where left out).
+    The waits each compute span was measured after (`model.resume_gap`, calibrate/resume.py) and
+    when it was measured (`model.measured_start`, `measured_end`) move with the spans;
+    `measured_gaps`, `measured_times` (began, ended): those of the `measured` replicas (unknown
+    where left out).
 
     Returns the model and, per rank, the rank whose timeline it shares (the first replica with its
     order), for the quotient solver (`timeline.solve`).
@@ -416,27 +436,34 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
             shares[r] = copies[order[r]]
     in_use = np.minimum(np.bincount(source, minlength=world), max(orders, 1))   # orders a rank's replicas take
     span = model.span.copy()
-    gap = model.resume_gap.copy() if model.resume_gap is not None else None
+    # per-node values measured with each span, which move with it: name -> (values, a measured replica's)
+    beside = {name: (np.array(values, dtype=np.float64), own) for name, values, own in (
+        ("resume_gap", model.resume_gap, measured_gaps or {}),
+        ("measured_start", model.measured_start, {r: t[0] for r, t in (measured_times or {}).items()}),
+        ("measured_end", model.measured_end, {r: t[1] for r, t in (measured_times or {}).items()}))
+        if values is not None}
     for r in np.nonzero((order > 0) & (shares == np.arange(world)))[0]:   # one replica per order
         if measured and int(r) in measured:
             compute = bare.rank(int(r))["kind"] == COMPUTE
             span[bare.rank_slice(int(r))][compute] = np.asarray(measured[int(r)])[compute]
-            if gap is not None:
-                own = (measured_gaps or {}).get(int(r))
-                gap[bare.rank_slice(int(r))][compute] = np.nan if own is None else np.asarray(own)[compute]
+            for values, own in beside.values():
+                mine = own.get(int(r))
+                values[bare.rank_slice(int(r))][compute] = np.nan if mine is None else np.asarray(mine)[compute]
             continue
         steps = steady_compute(bare, int(r), first_step)
         if steps is not None:
             nodes = steps + bare.offsets[r]
             j, k, n = int(order[r]), int(in_use[source[r]]), len(steps)
-            span[nodes] = np.roll(span[nodes], j * n // k if n >= k else j, axis=0)
-            if gap is not None:
-                gap[nodes] = np.roll(gap[nodes], j * n // k if n >= k else j, axis=0)
+            shift = j * n // k if n >= k else j
+            span[nodes] = np.roll(span[nodes], shift, axis=0)
+            for values, _ in beside.values():
+                values[nodes] = np.roll(values[nodes], shift, axis=0)
     for r in np.nonzero(shares != np.arange(world))[0]:    # the rest copy the first replica of their order
-        span[bare.rank_slice(int(r))] = span[bare.rank_slice(int(shares[r]))]
-        if gap is not None:
-            gap[bare.rank_slice(int(r))] = gap[bare.rank_slice(int(shares[r]))]
-    return replace(model, span=span, resume_gap=gap), shares
+        to, of = bare.rank_slice(int(r)), bare.rank_slice(int(shares[r]))
+        span[to] = span[of]
+        for values, _ in beside.values():
+            values[to] = values[of]
+    return replace(model, span=span, **{name: values for name, (values, _) in beside.items()}), shares
 
 
 def steady_compute(bare: Trace, rank: int, first_step: int) -> np.ndarray | None:

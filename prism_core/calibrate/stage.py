@@ -199,11 +199,14 @@ def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: lis
     tmp = out_dir / ".timeline.tmp.npz"
     m = prediction.model
     # `alone_span` only where loaded runs gave one (replay/assistant.py reads `span` without it)
-    alone = {} if prediction.alone_span is None else {"alone_span": prediction.alone_span}
+    optional = {} if prediction.alone_span is None else {"alone_span": prediction.alone_span}
+    # when each node's span was measured, beside the timeline's start and end (replay/steady.py `shared_noise`)
+    if m.measured_start is not None and m.measured_end is not None:
+        optional.update(measured_start=m.measured_start, measured_end=m.measured_end)
     np.savez(tmp, start=prediction.start, end=prediction.end, offsets=trace.offsets, span=m.span,
              transfer=m.transfer, release=m.release, completes_synced=m.completes_synced,
              issue_cost=m.issue_cost if m.issue_cost is not None else np.zeros_like(m.transfer),
-             measured_span=prediction.measured_span if prediction.measured_span is not None else m.span, **alone)
+             measured_span=prediction.measured_span if prediction.measured_span is not None else m.span, **optional)
     tmp.replace(out_dir / "timeline.npz")
     write_metrics(out_dir / "metrics.json", document)
     return document

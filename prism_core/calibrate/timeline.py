@@ -41,6 +41,8 @@ class NodeModel:
     transfer: np.ndarray      # comm nodes: seconds from the last arrival (or own issue) to completion
     issue_cost: np.ndarray | None = None   # comm nodes: seconds from issue to the wire (a replay's hand-over)
     resume_gap: np.ndarray | None = None   # compute nodes: the wait before each in the run its span is from (NaN unknown)
+    measured_start: np.ndarray | None = None   # when each node began in the run its span is from (NaN unknown)
+    measured_end: np.ndarray | None = None
 
 
 def solve(model: NodeModel, match: OpMatch, offsets: np.ndarray, source: np.ndarray | None = None,

@@ -31,8 +31,12 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from prism_core.replay.steady import NodeMoments
 
 ENV_LAZY_GLOO = "TORCH_GLOO_LAZY_INIT"
 MAX_LEAD_S = 2e-3        # timed mode: the most a rank's timer fires ahead of its clock
@@ -1122,13 +1126,17 @@ class ReplayTiming:
     transfer: np.ndarray    # per node: seconds from the last arrival to completion (communication)
     issue_cost: np.ndarray  # per node: seconds a real rank took from issuing the op to the wire
     alone_span: np.ndarray | None = None   # per node: compute as its rank took it alone (calibrate/predict.py)
+    moments: NodeMoments | None = None     # when each node ran, in the timeline and where measured (replay/steady.py)
 
 
 def load_timing(path: Path) -> ReplayTiming:
+    from prism_core.replay.steady import node_moments
+
     with np.load(path) as data:
         cost = data["issue_cost"] if "issue_cost" in data.files else np.zeros_like(data["transfer"])
         alone = data["alone_span"] if "alone_span" in data.files else None
-        return ReplayTiming(span=data["span"], transfer=data["transfer"], issue_cost=cost, alone_span=alone)
+        return ReplayTiming(span=data["span"], transfer=data["transfer"], issue_cost=cost, alone_span=alone,
+                            moments=node_moments(data))
 
 
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
@@ -1179,7 +1187,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         virtual = sorted(set(range(trace.world_size)) - set(sandbox))
         steady = virtual if virtual_spans == "steady" else paired_ranks(trace, virtual, sandbox)
         if virtual_spans == "matched":
-            matched = matched_noise(trace, model.span, steady, sandbox, steady_from)
+            matched = matched_noise(trace, model.span, steady, sandbox, steady_from, model.moments)
         model = replace(model, span=steady_spans(trace, model.span, steady, steady_from,
                                                  kept={r: w for r, (_, w) in matched.items()}))
     source_path = Path(graph).parent / REPLICA_SOURCE

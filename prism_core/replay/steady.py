@@ -34,9 +34,19 @@ compute other nodes at the same moment) is closer to it than a real one; `emulat
 matched` gives each such rank back part of its own draw, w of its deviation from the trimmed mean,
 with w read from the calibrated timeline (`shared_noise`, `kept_noise`): sqrt(1 - 2 rho), so
 that the live and the virtual rank leave each node as far apart as two real ranks sharing rho.
-The timeline's slices ran apart, on the two cores at once but not waiting for each other, so its
-rho is the record's or less (0.08-0.10 / 0.30-0.46 / 0.39-0.54 / 0.57-0.73 for pp2 / ep2 / tp2 /
-dp2, against 0.08-0.11 / 0.50-0.58 / 0.60-0.73 / 0.63-0.82 in items 45-46's second records).
+The timeline's spans come from the loaded co-run, both ranks at once, each keeping to the other
+through its assistant (replay/pacing.py), and read as they are they share less than the record's
+ranks: on items 47-48's kept runs (16 pairs) 0.08-0.14 / 0.28-0.42 / 0.33-0.51 / 0.46-0.75 for pp2 /
+ep2 / tp2 / dp2, against the records' 0.08-0.16 / 0.42-0.57 / 0.50-0.69 / 0.52-0.83. Part of it is
+where the nodes ran: the machine's noise lands on the same node of two ranks as far as they compute
+it at the same moment, and the co-run's same nodes overlapped 0.63-0.67 / 0.52-0.58 / 0.34-0.40 of
+their length (ep2 / tp2 / dp2; 0.3 ms apart, the relay through the assistants) where the timeline's,
+like the record's, overlap 0.84-0.86 / 0.86-0.89 / 0.42-0.47 (pp2's stages: 0.02-0.04 both). So
+`shared_noise` takes the co-run's rho times the timeline's overlap over the co-run's: 0.10-0.19 /
+0.36-0.55 / 0.52-0.80 / 0.57-0.92 on those pairs (`bench/shared_noise.py`). It is not all of it:
+ep2's co-run shares less even at the nodes that did overlap (the share grew 0.2-0.6 per unit of
+overlap, where dp2's grew 1.1-1.8), so ep2's rho stays a little under the record's, and its w
+(0.35-0.50 where the record's rho gives 0-0.40) a little over.
 
 Steps whose sequence of compute nodes is not the rank's most common one, and warm-up steps, keep
 their spans. Each position takes its trimmed mean, so that one stalled draw (a preemption) is not
@@ -50,6 +60,7 @@ leaned the emulations low. The fidelity bench reads each run's median step too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,6 +71,7 @@ from prism_core.trace.schema import COMPUTE
 TRIM = 0.1     # the share of a position's steps left out at each end
 CLIP_S = 1e-3  # a node's deviation counts at most this far from its position's median: one stall
                # (a preemption) is not noise the two cores share
+AT_ONCE = 0.9  # two measured runs ran at once where they share this much of the shorter one's time
 
 
 def trimmed_mean(values: np.ndarray, trim: float = TRIM) -> np.ndarray:
@@ -99,24 +111,82 @@ def deviations(spans: np.ndarray) -> np.ndarray:
     return np.clip(spans - np.median(spans, axis=0), -CLIP_S, CLIP_S)
 
 
-def shared_noise(trace: Trace, span: np.ndarray, rank: int, peer: int, first_step: int) -> float | None:
+@dataclass(frozen=True)
+class NodeMoments:
+    """When each node of the graph ran (per node, all ranks concatenated): in the calibrated
+    timeline (`start`, `end`) and in the run its span was measured in (`measured_start`,
+    `measured_end`, this machine's monotonic clock; NaN unknown)."""
+    start: np.ndarray
+    end: np.ndarray
+    measured_start: np.ndarray
+    measured_end: np.ndarray
+
+
+def node_moments(timeline: Mapping[str, np.ndarray]) -> NodeMoments | None:
+    """The `NodeMoments` of a calibrated `timeline.npz` (opened); None where it has no measured times
+    (calibrated before they were kept)."""
+    names = ("start", "end", "measured_start", "measured_end")
+    files = getattr(timeline, "files", timeline)
+    if not all(n in files for n in names):
+        return None
+    return NodeMoments(*(np.asarray(timeline[n], dtype=np.float64) for n in names))
+
+
+def overlap(a0: np.ndarray, a1: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> float | None:
+    """How much pairs of nodes ([a0, a1] beside [b0, b1]) ran at once: the mean over the pairs of
+    the time they share over the geometric mean of their lengths (1: the same interval). None
+    where a time is unknown."""
+    a0, a1, b0, b1 = (np.asarray(x, dtype=np.float64).ravel() for x in (a0, a1, b0, b1))
+    if not (np.isfinite(a0).all() and np.isfinite(a1).all() and np.isfinite(b0).all() and np.isfinite(b1).all()):
+        return None
+    shared = np.clip(np.minimum(a1, b1) - np.maximum(a0, b0), 0.0, None)
+    length = np.sqrt(np.clip(a1 - a0, 0.0, None) * np.clip(b1 - b0, 0.0, None))
+    return float(np.mean(np.divide(shared, length, out=np.zeros_like(shared), where=length > 0)))
+
+
+def at_once(a0: np.ndarray, a1: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> bool:
+    """Whether two runs' nodes ran at once: each one's first start to last end shares at least
+    `AT_ONCE` of the shorter one's (not two runs one after the other, or barely touching)."""
+    first, last = max(np.min(a0), np.min(b0)), min(np.max(a1), np.max(b1))
+    shorter = min(np.max(a1) - np.min(a0), np.max(b1) - np.min(b0))
+    return bool(shorter > 0 and (last - first) >= AT_ONCE * shorter)
+
+
+def shared_noise(trace: Trace, span: np.ndarray, rank: int, peer: int, first_step: int,
+                 moments: NodeMoments | None = None) -> float | None:
     """How much of its noise `rank` shares with `peer` in `span` (a calibrated timeline): the
     correlation, node by node over the steady steps both ranks have from `first_step`, of their
     spans' deviations from their positions' medians. None where the two ranks' steady steps compute
-    different numbers of nodes, where fewer than two steps are common, or where one does not vary."""
+    different numbers of nodes, where fewer than two steps are common, or where one does not vary.
+
+    With `moments`, where the two ranks' spans were measured at once (a co-run): that correlation
+    times how much more their nodes overlap in the timeline than where they were measured
+    (`overlap`; at most 1). The machine's noise lands on two ranks' same node as far as they
+    compute it at the same moment, and the co-run's members keep to each other through their
+    assistants, some 0.3 ms apart, where the record's and the timeline's are 0.04 ms apart."""
     found = [steady_steps(trace, int(r), first_step) for r in (rank, peer)]
     if found[0] is None or found[1] is None or found[0][1].shape[1] != found[1][1].shape[1]:
         return None
     common = sorted(set(found[0][0]) & set(found[1][0]))
     if len(common) < 2:
         return None
-    dev = []
+    dev, nodes = [], []
     for r, (steps, grid) in zip((rank, peer), found):
-        rows = grid[[steps.index(k) for k in common]]
-        dev.append(deviations(span[rows + int(trace.offsets[r])]).ravel())
+        rows = grid[[steps.index(k) for k in common]] + int(trace.offsets[r])
+        nodes.append(rows.ravel())
+        dev.append(deviations(span[rows]).ravel())
     if dev[0].std() == 0 or dev[1].std() == 0:
         return None
-    return float(np.corrcoef(dev[0], dev[1])[0, 1])
+    rho = float(np.corrcoef(dev[0], dev[1])[0, 1])
+    if moments is None:
+        return rho
+    a, b = nodes
+    measured = [moments.measured_start[a], moments.measured_end[a], moments.measured_start[b], moments.measured_end[b]]
+    there = overlap(*measured)
+    if there is None or there <= 0 or not at_once(*measured):
+        return rho
+    here = overlap(moments.start[a], moments.end[a], moments.start[b], moments.end[b])
+    return float(np.clip(rho * here / there, -1.0, 1.0)) if here is not None else rho
 
 
 def kept_noise(rho: float | None) -> float:
@@ -139,14 +209,15 @@ def sandbox_peers(trace: Trace, rank: int, sandbox: Iterable[int]) -> list[int]:
 
 
 def matched_noise(trace: Trace, span: np.ndarray, ranks: Iterable[int], sandbox: Iterable[int],
-                  first_step: int) -> dict[int, tuple[float | None, float]]:
+                  first_step: int, moments: NodeMoments | None = None) -> dict[int, tuple[float | None, float]]:
     """Per virtual rank of `ranks`: (rho, w), the noise it shares with its sandbox peers in the
-    calibrated `span` (their mean, where read) and the share of its own noise it keeps for it."""
+    calibrated `span` (their mean, where read; `moments` as in `shared_noise`) and the share of
+    its own noise it keeps for it."""
     sandbox = list(sandbox)
     out = {}
     for r in ranks:
         read = [x for p in sandbox_peers(trace, int(r), sandbox)
-                if (x := shared_noise(trace, span, int(r), p, first_step)) is not None]
+                if (x := shared_noise(trace, span, int(r), p, first_step, moments)) is not None]
         rho = float(np.mean(read)) if read else None
         out[int(r)] = (rho, kept_noise(rho))
     return out

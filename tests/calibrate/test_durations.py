@@ -347,3 +347,15 @@ def test_loaded_compute_keeps_how_much_of_it_the_rank_took_alone(tmp_path):
     out = with_loaded_compute(trace, plain, loaded, warmup=1)[0]
     assert out.span.tolist() == [1.0, 1.5, 2.5]
     assert out.alone_factor == pytest.approx(3.0 / 4.0)      # the warm-up step left out
+
+
+def test_loaded_compute_keeps_when_it_was_measured():
+    trace, _ = build([[dict(compute(1.0), step=0), dict(allreduce(0, 0, 0.1), step=0), dict(compute(2.0), step=0)]],
+                     [(0,)])
+    plain = {0: replace(_run([1.0, 0.1, 2.0], [0.0] * 3), began=np.array([0.0, 1.0, 1.1]), ended=np.array([1.0, 1.1, 3.1]))}
+    loaded = {0: replace(_run([1.5, 0.1, 2.5], [0.0] * 3), began=np.array([50.0, 51.5, 51.6]),
+                         ended=np.array([51.5, 51.6, 54.1]))}
+    out = with_loaded_compute(trace, plain, loaded)[0]
+    assert out.began.tolist() == [50.0, 1.0, 51.6] and out.ended.tolist() == [51.5, 1.1, 54.1]
+    unknown = with_loaded_compute(trace, plain, {0: replace(loaded[0], began=None, ended=None)})[0]
+    assert np.isnan(unknown.began[[0, 2]]).all() and unknown.began[1] == 1.0

@@ -153,6 +153,30 @@ def test_a_rank_that_waits_for_a_straggler_in_the_timeline_keeps_more_of_its_cos
     assert np.all(given_back < delta - 1e-6) and np.all(given_back > 0)
 
 
+def test_when_a_replicas_spans_were_measured_moves_with_them():
+    from dataclasses import replace
+
+    from prism_core.calibrate.durations import replica_noise
+
+    from tests.calibrate.test_durations import _replicas
+
+    trace, model = _replicas(3, [1.0, 0.2, 0.4, 0.1, 0.3])
+    compute_nodes = trace.columns["kind"] == COMPUTE
+    model = replace(model, measured_start=100 * model.span, measured_end=200 * model.span)
+    noisy, _ = replica_noise(trace, model, np.zeros(3, dtype=np.int64), first_step=1, orders=3)
+    assert not np.array_equal(noisy.span, model.span)                      # the replicas' steps reordered
+    assert noisy.measured_start[compute_nodes] == pytest.approx(100 * noisy.span[compute_nodes])
+    assert noisy.measured_end[compute_nodes] == pytest.approx(200 * noisy.span[compute_nodes])
+    own = model.span[trace.rank_slice(1)] * 2
+    ones = compute_nodes[trace.rank_slice(1)]
+    unknown, _ = replica_noise(trace, model, np.zeros(3, dtype=np.int64), first_step=1, orders=3, measured={1: own})
+    assert np.isnan(unknown.measured_start[trace.rank_slice(1)][ones]).all()
+    timed, _ = replica_noise(trace, model, np.zeros(3, dtype=np.int64), first_step=1, orders=3, measured={1: own},
+                             measured_times={1: (7 * own, 8 * own)})
+    assert timed.measured_start[trace.rank_slice(1)][ones] == pytest.approx(7 * own[ones])
+    assert timed.measured_end[trace.rank_slice(1)][ones] == pytest.approx(8 * own[ones])
+
+
 def test_a_replicas_waits_move_with_the_spans_it_takes():
     from dataclasses import replace
 

@@ -107,6 +107,10 @@ def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline, wa
             # as measured in the co-run, then moved to the waits the timeline has before each node
             # by at most half itself (calibrate/resume.py; not at all where no cost was fitted)
             assert np.array_equal(model["measured_span"][s][compute], loaded[r].span[compute])
+            # and when: the co-run's clock, which replay/steady.py `shared_noise` reads against the timeline's
+            with np.load(job.loaded / "trace_parts" / f"{r}.npz") as part:
+                assert np.array_equal(model["measured_start"][s][compute], part["t_start"][compute])
+                assert np.array_equal(model["measured_end"][s][compute], part["t_end"][compute])
             moved = model["span"][s][compute] - loaded[r].span[compute]
             if document["loaded_compute"]["resume"] is None:
                 assert np.all(moved == 0)

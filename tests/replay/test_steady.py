@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prism_core.replay.steady import (kept_noise, matched_noise, paired_ranks, sandbox_peers, shared_noise,
-                                    steady_spans, trimmed_mean)
+from prism_core.replay.steady import (NodeMoments, kept_noise, matched_noise, node_moments, overlap, paired_ranks,
+                                    sandbox_peers, shared_noise, steady_spans, trimmed_mean)
 from prism_core.trace.schema import COMPUTE
 
 from tests.calibrate.test_timeline import allreduce, build, compute
@@ -116,6 +116,48 @@ def test_shared_noise_is_not_read_without_common_steady_steps_or_variation():
     assert shared_noise(trace, flat, 1, 0, first_step=1) is None         # rank 0 does not vary
     trace.columns["label"][trace.offsets[1] + 4] = 1                     # rank 1's step 1 ran another kernel:
     assert shared_noise(trace, span, 1, 0, first_step=1) is not None     # read over the steps both ran steadily
+
+
+def test_overlap_is_the_time_two_nodes_ran_at_once_over_their_lengths():
+    assert overlap([0.0, 1.0], [1.0, 2.0], [0.0, 1.0], [1.0, 2.0]) == 1.0
+    assert overlap([0.0], [1.0], [0.5], [1.5]) == 0.5
+    assert overlap([0.0], [1.0], [2.0], [3.0]) == 0.0
+    assert overlap([0.0], [4.0], [0.0], [1.0]) == pytest.approx(0.5)      # 1 s shared, sqrt(4 * 1) s long
+    assert overlap([0.0, 1.0], [1.0, 1.0], [0.0, 1.0], [1.0, 1.0]) == 0.5  # a node of no length shares nothing
+    assert overlap([np.nan], [1.0], [0.0], [1.0]) is None
+
+
+def _moments(trace, shift: float, later: float = 0.0) -> NodeMoments:
+    """Each rank's nodes 10 ms apart from 0, node for node at once in the timeline; where measured,
+    rank 1's `shift` of a node after rank 0's and `later` seconds on."""
+    n = trace.offsets[1]
+    grid = np.concatenate([np.arange(n), np.arange(len(trace.columns["kind"]) - n)]) * 0.010
+    measured = grid.copy()
+    measured[n:] += (shift * 0.010) + later
+    return NodeMoments(grid, grid + 0.010, measured, measured + 0.010)
+
+
+def test_shared_noise_counts_the_nodes_measured_apart_as_far_as_the_timeline_runs_them_at_once():
+    trace, span = _noisy_pair(0.4, steps=400)
+    read = shared_noise(trace, span, 1, 0, first_step=1)
+    # measured half a node apart, the two ranks' same nodes shared half the time they do in the timeline
+    assert shared_noise(trace, span, 1, 0, 1, _moments(trace, 0.5)) == pytest.approx(2 * read)
+    assert shared_noise(trace, span, 1, 0, 1, _moments(trace, 0.0)) == pytest.approx(read)
+    assert shared_noise(trace, span, 1, 0, 1, _moments(trace, 0.9)) == 1.0          # at most 1
+    # measured in runs that did not run at once, or at unknown moments: as read
+    assert shared_noise(trace, span, 1, 0, 1, _moments(trace, 0.5, later=1000.0)) == pytest.approx(read)
+    unknown = _moments(trace, 0.5)
+    unknown.measured_start[trace.offsets[1] + 4] = np.nan             # a steady compute node of rank 1
+    assert shared_noise(trace, span, 1, 0, 1, unknown) == pytest.approx(read)
+    moments = _moments(trace, 0.5)
+    assert matched_noise(trace, span, [1], [0], 1, moments)[1][0] == pytest.approx(2 * read)
+
+
+def test_node_moments_are_read_from_a_timeline_that_kept_them():
+    times = {"start": np.zeros(3), "end": np.ones(3), "measured_start": np.zeros(3), "measured_end": np.ones(3)}
+    moments = node_moments(times)
+    assert moments is not None and moments.end.tolist() == [1.0, 1.0, 1.0]
+    assert node_moments({k: v for k, v in times.items() if k != "measured_end"}) is None   # calibrated before
 
 
 def test_kept_noise_leaves_a_live_and_a_virtual_rank_as_far_apart_as_two_real_ones():

@@ -1,0 +1,144 @@
+"""How much of its noise a virtual rank shares with its sandbox peer: the records' figure against what
+the calibration reads (replay/steady.py `shared_noise`), from kept fidelity pairs.
+
+Per kept pair of a two-rank config (`fidelity.py --turns ... --keep`), rank 1 against rank 0, over
+the steady steps after the warm-up, the correlation of the two ranks' compute nodes' deviations
+from their positions' medians (clipped to +-1 ms):
+
+- `record`, `record 2`: in the pair's first and second `prism record`: the figure to read;
+- `as read`: in the calibrated timeline's spans, which the loaded co-run measured (both ranks at
+  once, each keeping to the other through its assistant);
+- `overlap measured` / `timeline`: how much the two ranks' same nodes ran at once there and in
+  the timeline (steady.py `overlap`: shared time over the nodes' lengths, 1 the same interval);
+- `read`: what `emulation.virtual_spans: matched` takes, `as read` times the timeline's overlap
+  over the measured one (`shared_noise` with the timeline's `NodeMoments`). A timeline
+  calibrated before the measured times were kept is calibrated again from the pair's kept
+  slices (`--keep` keeps them; `calibrate/predict.py predict`, the figures marked `*`), and `-`
+  where that cannot be done;
+- `w`: the share of its noise the virtual rank keeps for it (`kept_noise`), and `w record`, what
+  the first record's figure would give.
+
+    .venv/bin/python bench/shared_noise.py KEEP [KEEP ...]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kept import read_kept
+from prism_core.calibrate.durations import steady_steps
+from prism_core.calibrate.predict import predict
+from prism_core.calibrate.stage import plan_orders, replica_runs, slice_jobs
+from prism_core.config import config_from_dict
+from prism_core.replay.steady import NodeMoments, kept_noise, node_moments, overlap, shared_noise
+from prism_core.trace import Trace
+
+
+@dataclass
+class SharedNoise:
+    config: str
+    pair: str
+    record: tuple[float | None, float | None]     # first and second record
+    as_read: float | None
+    measured: float | None                          # overlap where measured
+    timeline: float | None                          # overlap in the timeline
+    read: float | None                              # with the overlaps
+    again: bool = False                             # read from the pair's slices calibrated again
+
+
+def _record_spans(run: Path, world: int) -> np.ndarray:
+    parts = []
+    for r in range(world):
+        with np.load(run / "trace_parts" / f"{r}.npz") as z:
+            parts.append(z["t_end"] - z["t_start"])
+    return np.concatenate(parts)
+
+
+def _overlaps(trace: Trace, moments, first_step: int) -> tuple[float | None, float | None]:
+    """The two ranks' same steady nodes' overlap where measured and in the timeline."""
+    found = [steady_steps(trace, r, first_step) for r in (1, 0)]
+    if any(f is None for f in found) or found[0][1].shape[1] != found[1][1].shape[1]:
+        return None, None
+    common = sorted(set(found[0][0]) & set(found[1][0]))
+    a, b = (grid[[steps.index(k) for k in common]] + int(trace.offsets[r])
+            for r, (steps, grid) in zip((1, 0), found))
+    return (overlap(moments.measured_start[a], moments.measured_end[a], moments.measured_start[b], moments.measured_end[b]),
+            overlap(moments.start[a], moments.end[a], moments.start[b], moments.end[b]))
+
+
+def read_pair(config: str, trace: Trace, pair: Path) -> list[SharedNoise]:
+    if trace.world_size != 2:
+        return []
+    warmup = int(json.loads((pair / "record_e" / "config.json").read_text())["job"]["warmup"])
+    record = tuple(shared_noise(trace, _record_spans(pair / run, 2), 1, 0, warmup) if (pair / run).is_dir() else None
+                   for run in ("record", "record_e"))
+    with np.load(pair / "calibrate" / "timeline.npz") as timeline:
+        span, moments = timeline["span"], node_moments(timeline)
+    again = moments is None
+    if again:
+        span, moments = _calibrated_again(trace, pair)
+    as_read = shared_noise(trace, span, 1, 0, warmup)
+    measured = there = read = None
+    if moments is not None:
+        measured, there = _overlaps(trace, moments, warmup)
+        read = shared_noise(trace, span, 1, 0, warmup, moments)
+    return [SharedNoise(config, pair.name, record, as_read, measured, there, read, again and moments is not None)]
+
+
+def _calibrated_again(trace: Trace, pair: Path) -> tuple[np.ndarray, NodeMoments | None]:
+    """The pair's kept slices calibrated again with this code (the timeline's spans and
+    `NodeMoments`), as its calibration ran them (its emulation's config); the kept timeline's spans
+    and None where its slices are not all there."""
+    with np.load(pair / "calibrate" / "timeline.npz") as timeline:
+        span = timeline["span"]
+    emulated = sorted(pair.glob("emulate_*/config.json"))
+    collect = [d for d in (pair.parent / "collect").iterdir() if d.is_dir()] if (pair.parent / "collect").is_dir() else []
+    if not emulated or len(collect) != 1:
+        return span, None
+    cfg = config_from_dict(json.loads(emulated[0].read_text()), str(emulated[0]))
+    plan, jobs = slice_jobs(cfg, trace, collect[0], pair / "timing")
+    if not all((j.directory / "results").is_dir() for j in jobs):
+        return span, None
+    prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source,
+                         loaded=[j.loaded for j in jobs], warmup=cfg.job.warmup, orders=plan_orders(cfg, plan),
+                         replicas=replica_runs(jobs), resume=cfg.emulation.resume_cost)
+    m = prediction.model
+    if m.measured_start is None or m.measured_end is None:
+        return span, None
+    return m.span, NodeMoments(prediction.start, prediction.end, m.measured_start, m.measured_end)
+
+
+def _f(x: float | None, width: int = 6) -> str:
+    return f"{x:{width}.2f}" if x is not None else f"{'-':>{width}}"
+
+
+def main() -> None:
+    rows = read_kept(__doc__.split("\n\n")[0], read_pair, "kept two-rank pair with a second record")
+    print(f"{'config':7} {'pair':6} {'record':>6} {'record 2':>8} {'as read':>7} {'overlap measured':>16} "
+          f"{'timeline':>8} {'read':>6} {'w':>5} {'w record':>8}")
+    for e in rows:
+        w = kept_noise(e.read if e.read is not None else e.as_read)
+        print(f"{e.config:7} {e.pair:6} {_f(e.record[0])} {_f(e.record[1], 8)} {_f(e.as_read, 7)} {_f(e.measured, 16)} "
+              f"{_f(e.timeline, 8)} {_f(e.read)} {w:5.2f} {kept_noise(e.record[0]):8.2f}" + (" *" if e.again else ""))
+    print()
+    print(f"{'config':7} {'n':>3} {'record':>6} {'record 2':>8} {'as read':>7} {'read':>6}  (medians)")
+    for config in sorted({e.config for e in rows}):
+        group = [e for e in rows if e.config == config]
+
+        def med(values):
+            values = [v for v in values if v is not None]
+            return statistics.median(values) if values else None
+        print(f"{config:7} {len(group):3d} {_f(med(e.record[0] for e in group))} {_f(med(e.record[1] for e in group), 8)} "
+              f"{_f(med(e.as_read for e in group), 7)} {_f(med(e.read for e in group))}")
+    print("\nrank 1 against rank 0: the correlation of their compute nodes' deviations, node by node over the steady "
+          "steps; read = as read x timeline / measured overlap (replay/steady.py shared_noise); w = sqrt(1 - 2 read), "
+          "0 from 0.5 (kept_noise); * the pair's slices calibrated again (its timeline kept no measured times)")
+
+
+if __name__ == "__main__":
+    main()

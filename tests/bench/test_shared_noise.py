@@ -1,0 +1,57 @@
+"""bench/shared_noise.py: the records' shared noise against what the calibration reads, from a kept pair."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from shared_noise import read_pair  # noqa: E402
+
+from prism_core.replay.steady import shared_noise  # noqa: E402
+from tests.bench.test_node_noise import STEPS, _spans, _write_part  # noqa: E402
+from tests.replay.test_steady import _two_ranks  # noqa: E402
+
+rng = np.random.default_rng(11)
+COMMON = rng.normal(0.0, 1e-4, size=(STEPS - 1, 2))
+OWN = rng.normal(0.0, 1e-4, size=(2, STEPS - 1, 2))
+
+
+def _kept_pair(tmp_path: Path, shift: float | None):
+    """A kept pair whose records share half of each rank's noise; its timeline's spans share it
+    too, measured with rank 1 `shift` of each node after rank 0 (None: no measured times kept)."""
+    trace, model = _two_ranks([[0.010, 0.020]] * STEPS)
+    noise = [np.sqrt(0.5) * COMMON + np.sqrt(0.5) * OWN[r] for r in range(2)]
+    for run in ("record", "record_e"):
+        for r in range(2):
+            _write_part(tmp_path / run, r, _spans(trace, model, r, noise[r]))
+    span = model.span.copy()
+    for r in range(2):
+        span[trace.rank_slice(r)] = _spans(trace, model, r, noise[r])
+    start = np.concatenate([np.cumsum(span[trace.rank_slice(r)]) - span[trace.rank_slice(r)] for r in range(2)])
+    times = {}
+    if shift is not None:
+        measured = start.copy()
+        measured[trace.rank_slice(1)] += shift * span[trace.rank_slice(1)]
+        times = {"start": start, "end": start + span, "measured_start": measured, "measured_end": measured + span}
+    (tmp_path / "calibrate").mkdir()
+    np.savez(tmp_path / "calibrate" / "timeline.npz", span=span, **times)
+    return trace, span
+
+
+def test_the_read_shared_noise_counts_how_far_the_measured_nodes_ran_at_once(tmp_path):
+    trace, span = _kept_pair(tmp_path, shift=0.5)
+    (row,) = read_pair("ep2", trace, tmp_path)
+    assert row.record[0] == pytest.approx(row.record[1]) and row.record[0] == pytest.approx(row.as_read)
+    assert row.timeline > 0.9 and row.measured < row.timeline       # the timeline's nodes at once, not the measured
+    assert row.read == pytest.approx(min(1.0, row.as_read * row.timeline / row.measured))
+    assert row.as_read == shared_noise(trace, span, 1, 0, 1)
+
+
+def test_a_timeline_without_measured_times_is_read_as_it_is(tmp_path):
+    trace, span = _kept_pair(tmp_path, shift=None)
+    (row,) = read_pair("ep2", trace, tmp_path)
+    assert row.read is None and row.measured is None and row.as_read is not None
