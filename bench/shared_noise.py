@@ -15,6 +15,11 @@ from their positions' medians (clipped to +-1 ms):
   calibrated before the measured times were kept is calibrated again from the pair's kept
   slices (`--keep` keeps them; `calibrate/predict.py predict`, the figures marked `*`), and `-`
   where that cannot be done;
+- `slope`: how the co-run's shared noise grew with the overlap node by node: the two ranks'
+  deviations' product (over their spreads) fitted against each node pair's measured overlap.
+  Where the overlap is all of it, a node pair that overlapped fully shares `slope` and one that
+  did not, nothing, and the count by overlap holds; a small slope beside a large `as read`
+  says the co-run shares its noise at other moments, which no overlap explains;
 - `w`: the share of its noise the virtual rank keeps for it (`kept_noise`), and `w record`, what
   the first record's figure would give.
 
@@ -35,7 +40,7 @@ from prism_core.calibrate.durations import steady_steps
 from prism_core.calibrate.predict import predict
 from prism_core.calibrate.stage import plan_orders, replica_runs, slice_jobs
 from prism_core.config import config_from_dict
-from prism_core.replay.steady import NodeMoments, kept_noise, node_moments, overlap, shared_noise
+from prism_core.replay.steady import NodeMoments, deviations, kept_noise, node_moments, overlap, shared_noise
 from prism_core.trace import Trace
 
 
@@ -48,6 +53,7 @@ class SharedNoise:
     measured: float | None                          # overlap where measured
     timeline: float | None                          # overlap in the timeline
     read: float | None                              # with the overlaps
+    slope: float | None = None                      # the co-run's shared product against the overlap
     again: bool = False                             # read from the pair's slices calibrated again
 
 
@@ -59,16 +65,36 @@ def _record_spans(run: Path, world: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _overlaps(trace: Trace, moments, first_step: int) -> tuple[float | None, float | None]:
-    """The two ranks' same steady nodes' overlap where measured and in the timeline."""
+def _common_nodes(trace: Trace, first_step: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Ranks 1 and 0's compute nodes of the steady steps both have, position for position."""
     found = [steady_steps(trace, r, first_step) for r in (1, 0)]
     if any(f is None for f in found) or found[0][1].shape[1] != found[1][1].shape[1]:
-        return None, None
+        return None
     common = sorted(set(found[0][0]) & set(found[1][0]))
     a, b = (grid[[steps.index(k) for k in common]] + int(trace.offsets[r])
             for r, (steps, grid) in zip((1, 0), found))
-    return (overlap(moments.measured_start[a], moments.measured_end[a], moments.measured_start[b], moments.measured_end[b]),
-            overlap(moments.start[a], moments.end[a], moments.start[b], moments.end[b]))
+    return a, b
+
+
+def _overlaps(trace: Trace, span: np.ndarray, moments: NodeMoments,
+              first_step: int) -> tuple[float | None, float | None, float | None]:
+    """The two ranks' same steady nodes' overlap where measured and in the timeline, and the
+    slope of their deviations' product against the measured overlap, node pair by node pair."""
+    nodes = _common_nodes(trace, first_step)
+    if nodes is None:
+        return None, None, None
+    a, b = nodes
+    ends = (moments.measured_start[a], moments.measured_end[a], moments.measured_start[b], moments.measured_end[b])
+    measured = overlap(*ends)
+    there = overlap(moments.start[a], moments.end[a], moments.start[b], moments.end[b])
+    slope = None
+    if measured is not None:
+        each = np.array([overlap(*(e[i] for e in ends)) for i in np.ndindex(a.shape)])
+        x, y = (deviations(span[n]).ravel() for n in (a, b))
+        x, y = x - x.mean(), y - y.mean()
+        if x.std() > 0 and y.std() > 0 and each.std() > 0:
+            slope = float(np.polyfit(each, x * y / (x.std() * y.std()), 1)[0])
+    return measured, there, slope
 
 
 def read_pair(config: str, trace: Trace, pair: Path) -> list[SharedNoise]:
@@ -83,11 +109,11 @@ def read_pair(config: str, trace: Trace, pair: Path) -> list[SharedNoise]:
     if again:
         span, moments = _calibrated_again(trace, pair)
     as_read = shared_noise(trace, span, 1, 0, warmup)
-    measured = there = read = None
+    measured = there = read = slope = None
     if moments is not None:
-        measured, there = _overlaps(trace, moments, warmup)
+        measured, there, slope = _overlaps(trace, span, moments, warmup)
         read = shared_noise(trace, span, 1, 0, warmup, moments)
-    return [SharedNoise(config, pair.name, record, as_read, measured, there, read, again and moments is not None)]
+    return [SharedNoise(config, pair.name, record, as_read, measured, there, read, slope, again and moments is not None)]
 
 
 def _calibrated_again(trace: Trace, pair: Path) -> tuple[np.ndarray, NodeMoments | None]:
@@ -120,13 +146,15 @@ def _f(x: float | None, width: int = 6) -> str:
 def main() -> None:
     rows = read_kept(__doc__.split("\n\n")[0], read_pair, "kept two-rank pair with a second record")
     print(f"{'config':7} {'pair':6} {'record':>6} {'record 2':>8} {'as read':>7} {'overlap measured':>16} "
-          f"{'timeline':>8} {'read':>6} {'w':>5} {'w record':>8}")
+          f"{'timeline':>8} {'read':>6} {'slope':>6} {'w':>5} {'w record':>8}")
     for e in rows:
         w = kept_noise(e.read if e.read is not None else e.as_read)
         print(f"{e.config:7} {e.pair:6} {_f(e.record[0])} {_f(e.record[1], 8)} {_f(e.as_read, 7)} {_f(e.measured, 16)} "
-              f"{_f(e.timeline, 8)} {_f(e.read)} {w:5.2f} {kept_noise(e.record[0]):8.2f}" + (" *" if e.again else ""))
+              f"{_f(e.timeline, 8)} {_f(e.read)} {_f(e.slope)} {w:5.2f} {kept_noise(e.record[0]):8.2f}"
+              + (" *" if e.again else ""))
     print()
-    print(f"{'config':7} {'n':>3} {'record':>6} {'record 2':>8} {'as read':>7} {'read':>6}  (medians)")
+    print(f"{'config':7} {'n':>3} {'record':>6} {'record 2':>8} {'as read':>7} {'read':>6} {'overlap measured':>16} "
+          f"{'timeline':>8}  (medians)")
     for config in sorted({e.config for e in rows}):
         group = [e for e in rows if e.config == config]
 
@@ -134,7 +162,8 @@ def main() -> None:
             values = [v for v in values if v is not None]
             return statistics.median(values) if values else None
         print(f"{config:7} {len(group):3d} {_f(med(e.record[0] for e in group))} {_f(med(e.record[1] for e in group), 8)} "
-              f"{_f(med(e.as_read for e in group), 7)} {_f(med(e.read for e in group))}")
+              f"{_f(med(e.as_read for e in group), 7)} {_f(med(e.read for e in group))} "
+              f"{_f(med(e.measured for e in group), 16)} {_f(med(e.timeline for e in group), 8)}")
     print("\nrank 1 against rank 0: the correlation of their compute nodes' deviations, node by node over the steady "
           "steps; read = as read x timeline / measured overlap (replay/steady.py shared_noise); w = sqrt(1 - 2 read), "
           "0 from 0.5 (kept_noise); * the pair's slices calibrated again (its timeline kept no measured times)")

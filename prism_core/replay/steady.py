@@ -43,10 +43,11 @@ it at the same moment, and the co-run's same nodes overlapped 0.63-0.67 / 0.52-0
 their length (ep2 / tp2 / dp2; 0.3 ms apart, the relay through the assistants) where the timeline's,
 like the record's, overlap 0.84-0.86 / 0.86-0.89 / 0.42-0.47 (pp2's stages: 0.02-0.04 both). So
 `shared_noise` takes the co-run's rho times the timeline's overlap over the co-run's: 0.10-0.19 /
-0.36-0.55 / 0.52-0.80 / 0.57-0.92 on those pairs (`bench/shared_noise.py`). It is not all of it:
-ep2's co-run shares less even at the nodes that did overlap (the share grew 0.2-0.6 per unit of
-overlap, where dp2's grew 1.1-1.8), so ep2's rho stays a little under the record's, and its w
-(0.35-0.50 where the record's rho gives 0-0.40) a little over.
+0.36-0.55 / 0.52-0.80 / 0.57-0.92 on those pairs (`bench/shared_noise.py`, its slices calibrated
+again; README item 49). It is not all of it: ep2's and tp2's co-runs share less even at the nodes
+that did overlap (the shared product grew 0.1-0.7 per unit of a node's overlap, dp2's 0.8-2.0 and
+pp2's 1.4-3.9, items 47-49), so ep2's rho stays under the record's, and its w (0-0.56 over 15
+pairs, 13 of them 0.29 or more) over what the record's rho gives (0-0.39).
 
 Steps whose sequence of compute nodes is not the rank's most common one, and warm-up steps, keep
 their spans. Each position takes its trimmed mean, so that one stalled draw (a preemption) is not

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from shared_noise import read_pair  # noqa: E402
 
 from prism_core.replay.steady import shared_noise  # noqa: E402
+from prism_core.trace.schema import COMPUTE  # noqa: E402
 from tests.bench.test_node_noise import STEPS, _spans, _write_part  # noqa: E402
 from tests.replay.test_steady import _two_ranks  # noqa: E402
 
@@ -55,3 +56,25 @@ def test_a_timeline_without_measured_times_is_read_as_it_is(tmp_path):
     trace, span = _kept_pair(tmp_path, shift=None)
     (row,) = read_pair("ep2", trace, tmp_path)
     assert row.read is None and row.measured is None and row.as_read is not None
+
+
+def test_the_slope_reads_noise_shared_only_where_the_measured_nodes_overlapped(tmp_path):
+    trace, model = _two_ranks([[0.010, 0.020]] * STEPS)
+    overlapped = np.zeros((STEPS - 1, 2), dtype=bool)
+    overlapped[:, 0] = True                     # each step's first node at once, its second a node apart
+    noise = [OWN[0], np.where(overlapped, OWN[0], OWN[1])]
+    span = model.span.copy()
+    for r in range(2):
+        span[trace.rank_slice(r)] = _spans(trace, model, r, noise[r])
+        for run in ("record", "record_e"):
+            _write_part(tmp_path / run, r, _spans(trace, model, r, noise[r]))
+    start = np.concatenate([np.cumsum(span[trace.rank_slice(r)]) - span[trace.rank_slice(r)] for r in range(2)])
+    measured = start.copy()
+    compute = np.flatnonzero(trace.rank(1)["kind"] == COMPUTE)[2:].reshape(STEPS - 1, 2)
+    measured[trace.offsets[1] + compute[~overlapped]] += 1.0       # rank 1's second nodes measured elsewhere
+    (tmp_path / "calibrate").mkdir()
+    np.savez(tmp_path / "calibrate" / "timeline.npz", span=span, start=start, end=start + span,
+             measured_start=measured, measured_end=measured + span)
+    (row,) = read_pair("tp2", trace, tmp_path)
+    assert row.measured == pytest.approx(row.timeline / 2, abs=0.05) and row.timeline > 0.8
+    assert row.slope == pytest.approx(1.0, abs=0.25)      # all of it where they overlapped, none elsewhere
