@@ -40,7 +40,7 @@ from prism_core.calibrate.durations import steady_steps
 from prism_core.calibrate.predict import predict
 from prism_core.calibrate.stage import plan_orders, replica_runs, slice_jobs
 from prism_core.config import config_from_dict
-from prism_core.replay.steady import NodeMoments, deviations, kept_noise, node_moments, overlap, shared_noise
+from prism_core.replay.steady import NodeMoments, deviations, kept_noise, node_moments, overlap, overlaps, shared_noise
 from prism_core.trace import Trace
 
 
@@ -84,12 +84,11 @@ def _overlaps(trace: Trace, span: np.ndarray, moments: NodeMoments,
     if nodes is None:
         return None, None, None
     a, b = nodes
-    ends = (moments.measured_start[a], moments.measured_end[a], moments.measured_start[b], moments.measured_end[b])
-    measured = overlap(*ends)
+    each = overlaps(moments.measured_start[a], moments.measured_end[a], moments.measured_start[b], moments.measured_end[b])
+    measured = None if each is None else float(each.mean())
     there = overlap(moments.start[a], moments.end[a], moments.start[b], moments.end[b])
     slope = None
-    if measured is not None:
-        each = np.array([overlap(*(e[i] for e in ends)) for i in np.ndindex(a.shape)])
+    if each is not None:
         x, y = (deviations(span[n]).ravel() for n in (a, b))
         x, y = x - x.mean(), y - y.mean()
         if x.std() > 0 and y.std() > 0 and each.std() > 0:

@@ -133,16 +133,22 @@ def node_moments(timeline: Mapping[str, np.ndarray]) -> NodeMoments | None:
     return NodeMoments(*(np.asarray(timeline[n], dtype=np.float64) for n in names))
 
 
-def overlap(a0: np.ndarray, a1: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> float | None:
-    """How much pairs of nodes ([a0, a1] beside [b0, b1]) ran at once: the mean over the pairs of
-    the time they share over the geometric mean of their lengths (1: the same interval). None
-    where a time is unknown."""
+def overlaps(a0: np.ndarray, a1: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> np.ndarray | None:
+    """Per pair of nodes ([a0, a1] beside [b0, b1]): the time they ran at once over the geometric
+    mean of their lengths (1: the same interval, 0 for a node of no length). None where a time is
+    unknown."""
     a0, a1, b0, b1 = (np.asarray(x, dtype=np.float64).ravel() for x in (a0, a1, b0, b1))
     if not (np.isfinite(a0).all() and np.isfinite(a1).all() and np.isfinite(b0).all() and np.isfinite(b1).all()):
         return None
     shared = np.clip(np.minimum(a1, b1) - np.maximum(a0, b0), 0.0, None)
     length = np.sqrt(np.clip(a1 - a0, 0.0, None) * np.clip(b1 - b0, 0.0, None))
-    return float(np.mean(np.divide(shared, length, out=np.zeros_like(shared), where=length > 0)))
+    return np.divide(shared, length, out=np.zeros_like(shared), where=length > 0)
+
+
+def overlap(a0: np.ndarray, a1: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> float | None:
+    """How much pairs of nodes ran at once: the mean of their `overlaps`; None where a time is unknown."""
+    each = overlaps(a0, a1, b0, b1)
+    return None if each is None else float(np.mean(each))
 
 
 def at_once(a0: np.ndarray, a1: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> bool:
