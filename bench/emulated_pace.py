@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kept import read_kept
+from kept import read_kept, warmup_steps
 from prism_core.trace.flight import COMPUTE_NS_FIELD
 from prism_core.trace.schema import COMPUTE
 
@@ -65,13 +65,9 @@ def _part(run: Path, rank: int) -> dict[str, np.ndarray]:
         return {k: z[k] for k in ("kind", "step", "t_start", "t_end")}
 
 
-def _warmup(run: Path) -> int:
-    """The run's warm-up steps, as it ran them (bench/fidelity.py sets its own)."""
-    return int(json.loads((run / "config.json").read_text())["job"]["warmup"])
-
 
 def _figure(run: Path, rank: int) -> float:
-    times = json.loads((run / "results" / f"{rank}.json").read_text())["step_times_s"][_warmup(run):]
+    times = json.loads((run / "results" / f"{rank}.json").read_text())["step_times_s"][warmup_steps(run):]
     return statistics.median(times)
 
 
@@ -92,7 +88,7 @@ def read_pair(config: str, pair: Path, offsets: np.ndarray, compute: np.ndarray)
         if not (run / "results" / f"{r}.json").exists():
             continue
         own = _part(run, r)
-        per_step = compute_per_step(**own, warmup=_warmup(run))
+        per_step = compute_per_step(**own, warmup=warmup_steps(run))
         compute_s = float(((own["t_end"] - own["t_start"])[own["kind"] == COMPUTE]).sum())
         flight_s = np.fromfile(run / "flight" / f"{r}.bin", dtype=np.int64)[COMPUTE_NS_FIELD] * 1e-9
         nodes = slice(int(offsets[r]), int(offsets[r + 1]))
@@ -105,7 +101,7 @@ def read_pair(config: str, pair: Path, offsets: np.ndarray, compute: np.ndarray)
                                                        _pace(other).get("median", float("nan")))
         out.append(Emulation(config, pair.name, r, _figure(run, r) / real - 1, pace.get("median", float("nan")),
                              pace.get("max", float("nan")), flight_s / compute_s,
-                             per_step / compute_per_step(**_part(record, r), warmup=_warmup(record)), a, others))
+                             per_step / compute_per_step(**_part(record, r), warmup=warmup_steps(record)), a, others))
     return out
 
 

@@ -4,6 +4,7 @@ with a second record, and the command line of the scripts that read them."""
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +19,11 @@ def kept_pairs(keep: Path) -> Iterator[tuple[str, Trace, Path]]:
         for pair in sorted(config.glob("pair*")):
             if (pair / "record_e").is_dir():
                 yield config.name.removeprefix("tiny_moe_w2_"), trace, pair
+
+
+def warmup_steps(run: Path) -> int:
+    """A kept run's warm-up steps, as it ran them (bench/fidelity.py sets its own)."""
+    return int(json.loads((run / "config.json").read_text())["job"]["warmup"])
 
 
 def read_kept(description: str, read_pair: Callable[[str, Trace, Path], list], what: str) -> list:

@@ -36,7 +36,7 @@ import numpy as np
 
 from prism_core.calibrate.durations import steady_compute
 from prism_core.replay.steady import deviations, matched_noise, node_moments, steady_spans
-from kept import read_kept
+from kept import read_kept, warmup_steps
 from prism_core.trace import Trace
 
 
@@ -66,9 +66,6 @@ def _part_spans(run: Path, rank: int) -> np.ndarray:
         return z["t_end"] - z["t_start"]
 
 
-def _warmup(run: Path) -> int:
-    return int(json.loads((run / "config.json").read_text())["job"]["warmup"])
-
 
 def _runs_by_spans(pair: Path, rank: int) -> dict[str, Path]:
     """The rank's emulations of the pair by how their virtual ranks took their spans ("timed",
@@ -89,7 +86,7 @@ def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
     if trace.world_size != 2:
         return []
     record = pair / "record_e"
-    warmup = _warmup(record)
+    warmup = warmup_steps(record)
     with np.load(pair / "calibrate" / "timeline.npz") as timeline:
         span, moments = timeline["span"], node_moments(timeline)
     grids = [steady_compute(trace, r, warmup) for r in range(2)]

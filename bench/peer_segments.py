@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kept import read_kept
+from kept import read_kept, warmup_steps
 from prism_core.trace.schema import COMM, P2P_OPS
 
 FIELDS = ("kind", "op", "group", "seq", "step", "t_start", "t_end")
@@ -96,9 +96,6 @@ def _part(run: Path, rank: int) -> dict[str, np.ndarray]:
         return {k: z[k] for k in FIELDS}
 
 
-def _warmup(run: Path) -> int:
-    return int(json.loads((run / "config.json").read_text())["job"]["warmup"])
-
 
 def _figures(c: Collectives) -> dict[str, float]:
     return {"wait": per_step(c.step, c.wait), "after": per_step(c.step, c.after),
@@ -115,7 +112,7 @@ def read_pair(config: str, pair: Path, offsets: np.ndarray) -> list[Emulation]:
     for r in (0, 1):
         o = 1 - r
         peer = _part(record, o)
-        real = collectives(_part(record, r), peer, peer["t_start"], _warmup(record))
+        real = collectives(_part(record, r), peer, peer["t_start"], warmup_steps(record))
         if not real.step.size:      # a pipeline's stages meet in sends and receives only
             continue
         base = _figures(real)
@@ -125,7 +122,7 @@ def read_pair(config: str, pair: Path, offsets: np.ndarray) -> list[Emulation]:
                 continue
             way = run.name.split("_", 2)[2] if run.name.count("_") > 1 else "as configured"
             arrivals = np.load(run / "replay" / "arrivals.npy")[nodes]
-            c = collectives(_part(run, r), peer, arrivals, _warmup(run))
+            c = collectives(_part(run, r), peer, arrivals, warmup_steps(run))
             pace = json.loads((run / "replay" / "stats.json").read_text()).get("follow_pace") or {}
             emulated = _figures(c) | {"timeline x pace": per_step(c.step, replayed(c, span[nodes]))
                                       * pace.get("median", 1.0)}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from kept import kept_pairs  # noqa: E402
+from kept import kept_pairs, warmup_steps  # noqa: E402
 
 from prism_core.trace import write_trace  # noqa: E402
 from tests.replay.test_steady import _two_ranks  # noqa: E402
@@ -24,3 +25,8 @@ def test_kept_pairs_are_those_with_a_second_record_under_configs_with_a_graph(tm
     found = list(kept_pairs(tmp_path))
     assert [(name, pair.name) for name, _, pair in found] == [("ep2", "pair0"), ("ep2", "pair2")]
     assert found[0][1].world_size == 2
+
+
+def test_warmup_steps_are_those_the_kept_run_ran_with(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"job": {"warmup": 3, "iterations": 60}}))
+    assert warmup_steps(tmp_path) == 3
