@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kept import read_kept, warmup_steps
+from kept import read_kept, trace_part, warmup_steps
 from prism_core.trace.flight import COMPUTE_NS_FIELD
 from prism_core.trace.schema import COMPUTE
 
@@ -61,8 +61,7 @@ def correlation(x: list[float], y: list[float]) -> float:
 
 
 def _part(run: Path, rank: int) -> dict[str, np.ndarray]:
-    with np.load(run / "trace_parts" / f"{rank}.npz") as z:
-        return {k: z[k] for k in ("kind", "step", "t_start", "t_end")}
+    return trace_part(run, rank, ("kind", "step", "t_start", "t_end"))
 
 
 

@@ -8,6 +8,8 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
+
 from prism_core.trace import Trace, load_trace
 
 
@@ -24,6 +26,12 @@ def kept_pairs(keep: Path) -> Iterator[tuple[str, Trace, Path]]:
 def warmup_steps(run: Path) -> int:
     """A kept run's warm-up steps, as it ran them (bench/fidelity.py sets its own)."""
     return int(json.loads((run / "config.json").read_text())["job"]["warmup"])
+
+
+def trace_part(run: Path, rank: int, fields: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """`fields` of a kept run's trace part of `rank` (`trace_parts/<rank>.npz`)."""
+    with np.load(run / "trace_parts" / f"{rank}.npz") as z:
+        return {k: z[k] for k in fields}
 
 
 def read_kept(description: str, read_pair: Callable[[str, Trace, Path], list], what: str) -> list:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kept import read_kept, warmup_steps
+from kept import read_kept, trace_part, warmup_steps
 from prism_core.trace.schema import COMM, P2P_OPS
 
 FIELDS = ("kind", "op", "group", "seq", "step", "t_start", "t_end")
@@ -92,9 +92,7 @@ class Emulation:
 
 
 def _part(run: Path, rank: int) -> dict[str, np.ndarray]:
-    with np.load(run / "trace_parts" / f"{rank}.npz") as z:
-        return {k: z[k] for k in FIELDS}
-
+    return trace_part(run, rank, FIELDS)
 
 
 def _figures(c: Collectives) -> dict[str, float]:

@@ -18,11 +18,10 @@ from prism_core.trace.schema import COMM, COMPUTE, OP_CODE  # noqa: E402
 STEPS = 5
 
 
-def _rank(compute_s: float, comm_s: float, op: str = "allreduce", shift: float = 0.0) -> dict[str, np.ndarray]:
-    """Per step a compute node of `compute_s` then a collective of `comm_s` (group 0, seq = step),
-    starting at `shift`."""
+def _rank(compute_s: float, comm_s: float, op: str = "allreduce") -> dict[str, np.ndarray]:
+    """Per step a compute node of `compute_s` then a collective of `comm_s` (group 0, seq = step)."""
     cols = {k: [] for k in ("kind", "op", "group", "seq", "step", "t_start", "t_end")}
-    t = shift
+    t = 0.0
     for s in range(STEPS):
         for kind, d in ((COMPUTE, compute_s), (COMM, comm_s)):
             cols["kind"].append(kind), cols["op"].append(OP_CODE[op] if kind == COMM else 0)
@@ -47,7 +46,8 @@ def test_a_late_peer_is_waited_for_and_the_transfer_counts_from_its_issue():
 
 def test_an_early_peer_costs_no_wait_and_its_last_collective_has_no_segment():
     own = _rank(0.010, 0.004)
-    peer = {k: v[_rank(0.010, 0.004)["step"] < STEPS - 1] for k, v in _rank(0.010, 0.004).items()}  # one step short
+    whole = _rank(0.010, 0.004)
+    peer = {k: v[whole["step"] < STEPS - 1] for k, v in whole.items()}    # one step short
     c = collectives(own, peer, peer["t_start"] - 0.002, warmup=0)
     assert c.wait == pytest.approx([0.0] * 4)
     assert c.after == pytest.approx([0.004] * 4)
