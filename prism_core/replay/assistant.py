@@ -40,6 +40,13 @@ if TYPE_CHECKING:
 
 ENV_LAZY_GLOO = "TORCH_GLOO_LAZY_INIT"
 MAX_LEAD_S = 2e-3        # timed mode: the most a rank's timer fires ahead of its clock
+# ... and the share of the ops issued on a timer that may reach gloo after their due, which the lead
+# is moved towards in steps of LEAD_STEP_S (`moved_lead`). Early costs only a hold, late delays the
+# op, so the lead aims at a high quantile of the wake-up's lateness, not at its mean: moved a tenth
+# of each lateness, half of ep2's ops came late, 0.06 ms on average, its virtual peer issuing 5-6 ms
+# a step after its clock (README, item 51)
+LATE_SHARE = 0.1
+LEAD_STEP_S = 5e-6
 # timed mode: the ring parts of the ops a virtual rank reaches within this much calibrated compute
 # after the node it computes now are built while it computes (at most AHEAD_OPS ops). Built when the
 # op came due, a dp2 emulation's 1 MB and 3 MB gradient all-reduces reached the wire a median 0.9
@@ -54,6 +61,11 @@ AHEAD_OPS = 16
 # timer's lead, and built ahead on the second thread its emulations came 1.2-2.1 points higher in
 # all four pairs of README item 39 (item 40)
 AHEAD_MIN_BYTES = 1 << 20
+# ... the others (a gloo op's spec and cached inputs, a small ring part's buffers) are prepared on
+# the loop's thread while nothing is due for at least PREP_S (`_prep_while_idle`): prepared at the op,
+# ep2's all-to-alls took a median 0.11-0.13 ms from the loop to gloo, after their clock where the
+# compute before them was shorter (item 51)
+PREP_S = 0.5e-3
 ASSISTANT = "assistant"
 
 
@@ -80,6 +92,14 @@ def ops_ahead(before: np.ndarray, done: float, at: int, built: int, ahead_s: flo
     return range(max(built, at), max(last, built, at))
 
 
+def moved_lead(lead: float, late: float, share: float = LATE_SHARE, step: float = LEAD_STEP_S,
+               most: float = MAX_LEAD_S) -> float:
+    """The timers' lead after an op issued on a timer was ready `late` s after its due (< 0:
+    early): up by `step` * (1 - `share`) if late, down by `step` * `share` if not, within 0 …
+    `most`; so that about `share` of them come late, whatever the wake-up's lateness."""
+    return min(max(lead + step * ((late > 0) - share), 0.0), most)
+
+
 def builds_ahead(nbytes: int, members: int, min_bytes: int = AHEAD_MIN_BYTES) -> bool:
     """Whether a ring part of an op of `nbytes` in a group of `members` is built ahead: what
     building it reads from the cache (every member's partial) is at least `min_bytes`."""
@@ -96,6 +116,9 @@ class _Holds:
     most_ahead_s: float = -float("inf")
     cost_s: float = 0.0       # the real ranks' issue cost the ops were held for beyond their clock
     late: list = field(default_factory=list)   # how long after its clock each op went on the wire
+    # how far the loop was past the rank's clock when it came to issue the op (< 0: woken early)
+    behind: list = field(default_factory=list)
+    resumed: list = field(default_factory=list)   # from a completion's stamp to the loop taking it
 
 
 class _Handle:
@@ -311,6 +334,9 @@ class Assistant:
         self._comm_nodes: dict[int, tuple] = {}        # rank -> its comm nodes and compute so far (timed)
         self._ahead_next: dict[int, int] = {}          # rank -> its next comm node (by count) not yet built ahead
         self._ahead_rings: dict[int, list] = {}        # op id -> its ring parts, being built
+        self._to_prep: deque = deque()                 # (rank, gloo node) or (None, ring op id) to prepare when idle
+        self._prepped: dict[int, tuple] = {}           # gloo node -> its spec and inputs, prepared ahead
+        self.prepped_ahead = 0
 
     # -- set-up -----------------------------------------------------------------------------
     def connect(self, base_store) -> None:
@@ -427,8 +453,9 @@ class Assistant:
                             self._woken.pop(r, None)                  # not followed by an op at once
                             self.clock[r] += span[i - 1] if self.follow is None else span[i - 1] * self.follow.factor()
                             self._slip()
-                            if self.clock[r] - self.lead > time.perf_counter():
-                                self._at(self.clock[r] - self.lead, r)
+                            wake = self.clock[r] - self.lead + (self._wire_cost(i) if i < end[r] else 0.0)
+                            if wake > time.perf_counter():
+                                self._at(wake, r)
                                 blocked[r] = (i - 1, "computing at")
                                 self._build_ahead(r, i)
                                 break
@@ -467,6 +494,9 @@ class Assistant:
                     ready.append(what)
             if ready:
                 continue
+            if self._to_prep:
+                self._prep_while_idle(self.timers[0][0] if self.timers else now + 1.0)
+                now = time.perf_counter()
             wait = 1.0 if not self.timers else self.timers[0][0] - now
             self.spin.set_computing(bool(self.timers))
             try:
@@ -542,23 +572,35 @@ class Assistant:
             h.when = arrived + self.model.transfer[i]
             self._at(h.when, h)
 
+    def _wire_cost(self, i: int) -> float:
+        """Timed mode: how long after its clock node `i` goes on the wire (its issue cost, where it
+        is a gloo op of a group holding a sandbox rank), so that the timer before it fires that
+        much later and a costly op is not held longer than a cheap one."""
+        from prism_core.trace.schema import COMM
+
+        if self.trace.columns["kind"][i] != COMM or int(self.trace.columns["group"][i]) not in self.real_groups:
+            return 0.0
+        return float(self.model.issue_cost[i])
+
     def _issued_on_time(self, rank: int) -> None:
-        """Timed mode, `rank`'s gloo op reaching gloo: move `lead` a tenth of the way towards
-        making such an issue land on the clock the rank was woken for. Only an op issued right
-        after a timer wake-up, not queued behind others, says how late the wake-up and the
-        hand-over to a gloo thread are; a stale target (another member's part issued for a rank)
-        shows as a lateness beyond any lead and is ignored."""
+        """Timed mode, `rank`'s gloo op ready for gloo: move `lead` (`moved_lead`) so that about
+        LATE_SHARE of such ops are ready after their due; the rest are held to it. Only an op
+        issued right after a timer wake-up, not queued behind others, says how late the wake-up
+        and the hand-over to a gloo thread are; a stale target (another member's part issued for
+        a rank) shows as a lateness beyond any lead and is ignored."""
         target = self._targets.pop(rank, None)
         if target is not None:
             late = time.perf_counter() - target
             if abs(late) < MAX_LEAD_S:
                 with self.lock:        # gloo issues run on pool threads
-                    self.lead = min(max(self.lead + 0.1 * late, 0.0), MAX_LEAD_S)
+                    self.lead = moved_lead(self.lead, late)
 
     def _finish(self, h: _Handle, ready: deque) -> None:
         h.done = True
         h.keep = None
         when = h.when if h.when is not None else time.perf_counter()
+        if h.waiters and h.when is not None:
+            self.holds.resumed.append(time.perf_counter() - h.when)
         for r in h.waiters:
             self.clock[r] = max(self.clock[r], when)
         ready.extend(h.waiters)
@@ -600,6 +642,7 @@ class Assistant:
         cost = float(self.model.issue_cost[i]) if self.model is not None else 0.0
         if self.model is not None and g in self.real_groups:
             self._due[i] = self.clock[rank] + cost
+            self.holds.behind.append(time.perf_counter() - self.clock[rank])
         if g in self.real_groups and self.ring[i]:
             if timed_wake:
                 self._targets[rank] = woken_for + cost   # on the wire once every member is in: _issued_on_time
@@ -643,7 +686,8 @@ class Assistant:
             del self.local[op_id]
         return h
 
-    def _issue_gloo(self, rank: int, i: int, h: _Handle) -> None:
+    def _gloo_op(self, rank: int, i: int) -> tuple:
+        """`rank`'s op at node `i` as its gloo group issues it: its spec and its inputs read."""
         import torch
 
         from prism_core.replay.virtual_ops import OpSpec, prepare
@@ -662,7 +706,13 @@ class Assistant:
                       peer=self._position(g, peer) if kind in ("send", "recv") else None, tag=int(c["tag"][i]))
         if kind == "all_to_all_single" and c["splits"][i]:
             spec.member_splits, spec.row_bytes = self._member_splits(i, members)
-        tensors = prepare(spec, holder, self.inputs)
+        return spec, prepare(spec, holder, self.inputs)
+
+    def _issue_gloo(self, rank: int, i: int, h: _Handle) -> None:
+        g = int(self.trace.columns["group"][i])
+        got = self._prepped.pop(i, None)
+        spec, tensors = got if got is not None else self._gloo_op(rank, i)
+        kind = spec.kind
         # Issuing a send or recv can block: a lazily connected gloo pair connects on its first op
         # in the calling thread, which needs the peer to reach that pair too. So p2p ops issue on a
         # pool thread, and whatever follows them on the same gloo group queues behind them (program
@@ -820,8 +870,10 @@ class Assistant:
         folded from the cache) of the ops it reaches within `AHEAD_S` of calibrated compute after
         that on the build-ahead thread, in order, so that each is in hand when its clock comes, as
         a real rank's data is; only parts that read `AHEAD_MIN_BYTES` of the cache (`builds_ahead`).
-        Other ops only read their cached input at issue (a median 0.07 ms for ep2's all-to-alls):
-        built ahead too, they moved nothing measurable."""
+        The others, smaller ring parts and the ops `_issue_gloo` issues (their specs and cached
+        inputs), are queued to be prepared on the loop's thread while it idles
+        (`_prep_while_idle`): on the second thread tp2's small parts slowed its emulations
+        (item 40)."""
         from prism_core.trace.schema import COMM, COMPUTE
 
         if self.ahead_pool is None:
@@ -841,17 +893,46 @@ class Assistant:
         self._ahead_next[rank] = todo.stop
         for j in map(int, nodes[todo]):
             g = int(c["group"][j])
-            # a tree part reads its inputs as it goes
-            if g not in self.real_groups or not 0 < self.ring[j] < FIRST_TREE \
-                    or not builds_ahead(int(c["bytes"][j]), len(self.trace.groups[g])):
+            if g not in self.real_groups or self.ring[j] >= FIRST_TREE:   # a tree part reads its inputs as it goes
+                continue
+            if not self.ring[j]:
+                if self._on_gloo(j):
+                    self._to_prep.append((rank, j))
                 continue
             o = int(self.match.op_id[j])
             if o in self._ahead_rings:
                 continue
             parts = self._ahead_rings[o] = self._ring_parts(j, g, dict(self._member_nodes(j, self.trace.groups[g])))
-            for _, _, part in parts:
-                part.prepare_on(self.ahead_pool)
-            self.built_ahead += 1
+            if builds_ahead(int(c["bytes"][j]), len(self.trace.groups[g])):
+                for _, _, part in parts:
+                    part.prepare_on(self.ahead_pool)
+                self.built_ahead += 1
+            else:
+                self._to_prep.append((None, o))
+
+    def _on_gloo(self, i: int) -> bool:
+        """Node `i`, of a group holding a sandbox rank and not a ring or tree op: `_issue_gloo` issues it."""
+        from prism_core.trace.schema import OPS, P2P_OPS
+
+        c = self.trace.columns
+        op = int(c["op"][i])
+        return OPS[op] != "barrier" and (op not in P2P_OPS or int(c["peer"][i]) in self.sandbox)
+
+    def _prep_while_idle(self, until: float) -> None:
+        """Timed mode: prepare the ops queued by `_build_ahead` on the loop's thread (a gloo op's
+        spec and inputs, a small ring part's buffers) while nothing is due before `until` less
+        PREP_S and no event waits, so that the work is done before the op's clock, as a real rank
+        has its data in hand; what is not prepared by then is prepared at the op, as before."""
+        while self._to_prep and time.perf_counter() + PREP_S < until and self.events.empty():
+            rank, what = self._to_prep.popleft()
+            if rank is None:                      # a ring op's parts: unless it ran already
+                for _, _, part in self._ahead_rings.get(what, ()):
+                    part.prepare()
+            elif np.isnan(self.arrivals[what]) and what not in self._prepped:    # not issued yet
+                self._prepped[what] = self._gloo_op(rank, what)
+            else:
+                continue
+            self.prepped_ahead += 1
 
     def _issue_tree(self, rank: int, i: int, g: int, h: _Handle) -> None:
         """Count this virtual member in; once all are, the sandbox ranks' tree neighbours play their
@@ -1113,11 +1194,12 @@ class Assistant:
 
 
 def _quantiles(values: list) -> dict | None:
-    """Median, 90th percentile and most of `values` (a stop of the launch lands in the tail)."""
+    """Median, mean, 90th percentile and most of `values` (a stop of the launch lands in the tail)."""
     if not values:
         return None
     v = np.asarray(values)
-    return {"median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "max": float(v.max())}
+    return {"median": float(np.median(v)), "mean": float(v.mean()), "p90": float(np.percentile(v, 90)),
+            "max": float(v.max())}
 
 
 @dataclass
@@ -1241,6 +1323,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "spun_cores": spin.cores, "spin_switches": spin.switches,
         "max_ahead_of_clock_s": assistant.holds.most_ahead_s if assistant.holds.ops else None,
         "late_on_wire_s": _quantiles(assistant.holds.late), "built_ahead": assistant.built_ahead,
+        "issue_behind_clock_s": _quantiles(assistant.holds.behind), "prepped_ahead": assistant.prepped_ahead,
+        "resume_delay_s": _quantiles(assistant.holds.resumed),
         "groups_in_job": len(trace.groups), "groups_instantiated": len(assistant.real_groups),
         "nodes": int(sum(trace.num_nodes(r) for r in assistant.virtual)), "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu0, "timed": model is not None,

@@ -77,8 +77,13 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
     cost, kind = np.load(root / "calibrate" / "timeline.npz")["issue_cost"], graph.trace.columns["kind"]
     assert np.all(cost[kind != COMM] == 0) and np.all(cost[kind == COMM] > 0)
     assert replay["timed_issue_cost_s"] > 0
-    late = replay["late_on_wire_s"]      # after their clock: each op's lateness, in quantiles
-    assert 0.0 <= late["median"] <= late["p90"] <= late["max"]
+    late = replay["late_on_wire_s"]      # after their clock: each op's lateness, in quantiles and mean
+    assert 0.0 <= late["median"] <= late["p90"] <= late["max"] and 0.0 <= late["mean"] <= late["max"]
+    # the virtual stage's sends and receives were prepared while it computed up to them (the loop idle)
+    assert 0 < replay["prepped_ahead"] <= replay["timed_gloo_ops"]
+    behind, resumed = replay["issue_behind_clock_s"], replay["resume_delay_s"]
+    assert behind["median"] <= behind["p90"] <= behind["max"]
+    assert 0.0 <= resumed["median"] <= resumed["max"]
     placement = doc["emulation"]["placement"]     # one rank of interest and the assistant: 2 cores
     # the virtual stage follows rank 1's pace (emulation.follow_pace, on by default) once a step is
     # seen, where rank 1 has a core apart from the assistant's
