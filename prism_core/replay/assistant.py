@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from array import array
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -115,10 +116,10 @@ class _Holds:
     held_s: float = 0.0
     most_ahead_s: float = -float("inf")
     cost_s: float = 0.0       # the real ranks' issue cost the ops were held for beyond their clock
-    late: list = field(default_factory=list)   # how long after its clock each op went on the wire
-    # how far the loop was past the rank's clock when it came to issue the op (< 0: woken early)
-    behind: list = field(default_factory=list)
-    resumed: list = field(default_factory=list)   # from a completion's stamp to the loop taking it
+    # seconds, one per op (8 bytes each: a timed replay of many virtual ranks issues millions):
+    late: array = field(default_factory=lambda: array("d"))      # how long after its clock each went on the wire
+    behind: array = field(default_factory=lambda: array("d"))    # how far past its rank's clock the loop came to it
+    resumed: array = field(default_factory=lambda: array("d"))   # from a completion's stamp to the loop taking it
 
 
 class _Handle:
@@ -1193,7 +1194,7 @@ class Assistant:
         self.inputs.close()
 
 
-def _quantiles(values: list) -> dict | None:
+def _quantiles(values) -> dict | None:
     """Median, mean, 90th percentile and most of `values` (a stop of the launch lands in the tail)."""
     if not values:
         return None
