@@ -619,7 +619,7 @@ class Assistant:
 
     # -- ops --------------------------------------------------------------------------------
     def _issue(self, rank: int, i: int) -> _Handle:
-        from prism_core.trace.schema import OPS, P2P_OPS
+        from prism_core.trace.schema import OPS
 
         c = self.trace.columns
         now = time.perf_counter()
@@ -652,7 +652,7 @@ class Assistant:
             else:
                 self._issue_ring(rank, i, g, h)
             return h
-        if g in self.real_groups and (op not in P2P_OPS or int(c["peer"][i]) in self.sandbox):
+        if g in self.real_groups and self._on_gloo(i):
             if timed_wake:
                 self._targets[rank] = woken_for + cost
             self._issue_gloo(rank, i, h)
