@@ -44,3 +44,24 @@ def read_kept(description: str, read_pair: Callable[[str, Trace, Path], list], w
     if not rows:
         raise SystemExit(f"no {what} under " + ", ".join(map(str, args.keep)))
     return rows
+
+
+def part_spans(run: Path, rank: int) -> np.ndarray:
+    """Each node's span (end less start) in a kept run's trace part of `rank`."""
+    with np.load(run / "trace_parts" / f"{rank}.npz") as z:
+        return z["t_end"] - z["t_start"]
+
+
+def runs_by_spans(pair: Path, rank: int) -> dict[str, Path]:
+    """The rank's emulations of the pair by how their virtual ranks took their spans ("timed",
+    "steady" or "matched"); the configured run stands for timed or steady where none ran that way,
+    matched is left out where none ran."""
+    configured = pair / f"emulate_{rank}"
+    found = {}
+    for run in [configured, *sorted(pair.glob(f"emulate_{rank}_*"))]:
+        stats = run / "replay" / "stats.json"
+        if (run / "trace_parts" / f"{rank}.npz").exists() and stats.exists():
+            way = json.loads(stats.read_text()).get("virtual_spans") or "timed"
+            found.setdefault(way if way in ("timed", "matched") else "steady", run)   # at W=2 paired is steady
+    return {way: found.get(way, configured) for way in ("timed", "steady")} | \
+        ({"matched": found["matched"]} if "matched" in found else {})

@@ -36,7 +36,7 @@ import numpy as np
 
 from prism_core.calibrate.durations import steady_compute
 from prism_core.replay.steady import deviations, matched_noise, node_moments, steady_spans
-from kept import read_kept, warmup_steps
+from kept import part_spans, read_kept, runs_by_spans, warmup_steps
 from prism_core.trace import Trace
 
 
@@ -61,27 +61,6 @@ def spread(diff: np.ndarray) -> tuple[float, float]:
     return float(np.percentile(diff, 10)), float(np.percentile(diff, 90))
 
 
-def _part_spans(run: Path, rank: int) -> np.ndarray:
-    with np.load(run / "trace_parts" / f"{rank}.npz") as z:
-        return z["t_end"] - z["t_start"]
-
-
-
-def _runs_by_spans(pair: Path, rank: int) -> dict[str, Path]:
-    """The rank's emulations of the pair by how their virtual ranks took their spans ("timed",
-    "steady" or "matched"); the configured run stands for timed or steady where none ran that way,
-    matched is left out where none ran."""
-    configured = pair / f"emulate_{rank}"
-    found = {}
-    for run in [configured, *sorted(pair.glob(f"emulate_{rank}_*"))]:
-        stats = run / "replay" / "stats.json"
-        if (run / "trace_parts" / f"{rank}.npz").exists() and stats.exists():
-            way = json.loads(stats.read_text()).get("virtual_spans") or "timed"
-            found.setdefault(way if way in ("timed", "matched") else "steady", run)   # at W=2 paired is steady
-    return {way: found.get(way, configured) for way in ("timed", "steady")} | \
-        ({"matched": found["matched"]} if "matched" in found else {})
-
-
 def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
     if trace.world_size != 2:
         return []
@@ -94,7 +73,7 @@ def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
         return []
     n = min(len(g) for g in grids)      # the steps both ranks ran steadily (a rank's last may differ)
     grids = [g[:n] for g in grids]
-    real = [deviations(_part_spans(record, r)[grids[r]]) for r in range(2)]
+    real = [deviations(part_spans(record, r)[grids[r]]) for r in range(2)]
     out = []
     for s in range(2):
         run = pair / f"emulate_{s}"
@@ -104,8 +83,8 @@ def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
         local = span[trace.rank_slice(v)]
         timed = deviations(local[grids[v]])
         steady = deviations(steady_spans(trace, span, [v], warmup)[trace.rank_slice(v)][grids[v]])
-        runs = _runs_by_spans(pair, s)
-        own = {way: deviations(_part_spans(r, s)[grids[s]]) for way, r in runs.items()}
+        runs = runs_by_spans(pair, s)
+        own = {way: deviations(part_spans(r, s)[grids[s]]) for way, r in runs.items()}
         ways = [("real", real[v], real[s]), ("timed", timed, own["timed"]), ("steady", steady, own["steady"])]
         if "matched" in own:
             kept = {r: w for r, (_, w) in matched_noise(trace, span, [v], [s], warmup, moments).items()}

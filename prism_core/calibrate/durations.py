@@ -73,6 +73,9 @@ class RankTiming:
     # clock), which replay/steady.py `shared_noise` reads against the timeline's
     began: np.ndarray | None = None
     ended: np.ndarray | None = None
+    # per node: the wait for a core its span still holds (what `waits_out` left in; 0 where none was
+    # noted), which replay/steady.py `shared_noise` takes out: no peer shares it
+    queued: np.ndarray | None = None
 
 
 def _check_same_structure(bare: Trace, rank: int, measured: dict[str, np.ndarray], where: Path) -> None:
@@ -117,21 +120,21 @@ def slice_timings(bare: Trace, match: OpMatch, slice_dir: Path, sandbox: list[in
     np.maximum.at(last, match.op_id[valid], issue[valid])
     out = {}
     for r in sandbox:
-        out[r] = _rank_timing(bare, match, r, measured.rank(r), last, slice_dir)
-        if waits_out != "none" and arrivals.is_file():
-            out[r] = _unqueued(bare, r, out[r], slice_dir, waits_out)
+        out[r] = _unqueued(bare, r, _rank_timing(bare, match, r, measured.rank(r), last, slice_dir), slice_dir,
+                           waits_out if arrivals.is_file() else "none")
     return out
 
 
 def _unqueued(bare: Trace, rank: int, timing: RankTiming, slice_dir: Path, waits_out: str) -> RankTiming:
-    """`timing` with its compute spans less the waits for its core `waits_out` names (`slice_timings`).
+    """`timing` with its compute spans less the waits for its core `waits_out` names (`slice_timings`),
+    and the rest of each wait (`RankTiming.queued`).
 
     A rank is bound to one core, so what its other threads ran there was a wait of its program's
     thread; the assistant ran there only where the launcher named it (it shares the rank's core).
     """
     nodes, queued, own, helper = read_queued(Path(slice_dir) / "trace_parts" / f"{rank}.npz")
     if not len(nodes):
-        return timing
+        return replace(timing, queued=np.zeros(len(timing.span)))
     if nodes.max() >= len(timing.span) or np.any(bare.rank(rank)["kind"][nodes] != COMPUTE):
         raise CalibrationError(f"rank {rank} in slice {slice_dir}: its waits for a core name nodes that are not "
                                "compute; rerun the slice")
@@ -139,8 +142,13 @@ def _unqueued(bare: Trace, rank: int, timing: RankTiming, slice_dir: Path, waits
     out = queued if waits_out == "all" else np.maximum(queued - own, 0.0)
     if waits_out == "assistant":
         out = np.minimum(out, helper)
-    span[nodes] = np.maximum(span[nodes] - out, 0.0)
-    return replace(timing, span=span)
+    if waits_out == "none":
+        out = np.zeros(len(nodes))
+    else:
+        span[nodes] = np.maximum(span[nodes] - out, 0.0)
+    rest = np.zeros(len(span))
+    rest[nodes] = np.minimum(queued - out, span[nodes])
+    return replace(timing, span=span, queued=rest)
 
 
 def load_ran(slice_dir: Path) -> bool:
@@ -191,6 +199,7 @@ def with_loaded_compute(bare: Trace, plain: dict[int, RankTiming], loaded: dict[
             gap[compute] = loaded[r].resume_gap[compute]
         began, ended = (_with_compute(t.began, loaded[r].began, compute), _with_compute(t.ended, loaded[r].ended, compute))
         out[r] = replace(t, span=span, resume_gap=gap, began=began, ended=ended,
+                         queued=_with_compute(t.queued, loaded[r].queued, compute),
                          alone_factor=alone_factor(t, loaded[r], compute & (cols["step"] >= warmup)))
     return out
 
@@ -283,7 +292,7 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
     """The whole graph's model: each rank's own timing, or that of the rank it is renamed from."""
     n = len(bare.columns["kind"])
     span, transfer, cost = np.zeros(n), np.zeros(n), np.zeros(n)
-    gap, began, ended = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    gap, began, ended, queued = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     release = np.zeros(n, dtype=np.int8)
     synced = np.zeros(n, dtype=bool)
     for r in range(bare.world_size):
@@ -301,12 +310,14 @@ def merge_model(bare: Trace, timings: dict[int, RankTiming], source: np.ndarray)
             gap[s] = t.resume_gap
         if t.began is not None and t.ended is not None:
             began[s], ended[s] = t.began, t.ended
+        if t.queued is not None:
+            queued[s] = t.queued
     ref = np.full(n, -1, dtype=np.int64)
     waits = np.nonzero(bare.columns["kind"] == WAIT)[0]
     rank_of = np.repeat(np.arange(bare.world_size), np.diff(bare.offsets))
     ref[waits] = bare.offsets[rank_of[waits]] + bare.columns["ref"][waits]
     return NodeModel(span=span, release=release, ref=ref, completes_synced=synced, transfer=transfer, issue_cost=cost,
-                     resume_gap=gap, measured_start=began, measured_end=ended)
+                     resume_gap=gap, measured_start=began, measured_end=ended, measured_queued=queued)
 
 
 def pool_member_noise(bare: Trace, match: OpMatch, model: NodeModel, timings: dict[int, RankTiming],
@@ -396,7 +407,8 @@ def replica_copies(source: np.ndarray) -> dict[int, list[int]]:
 def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step: int,
                   orders: int = REPLICA_ORDERS, measured: dict[int, np.ndarray] | None = None,
                   measured_gaps: dict[int, np.ndarray] | None = None,
-                  measured_times: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> tuple[NodeModel, np.ndarray]:
+                  measured_times: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+                  measured_queued: dict[int, np.ndarray] | None = None) -> tuple[NodeModel, np.ndarray]:
     """DP replicas that take a timed rank's durations, each with its steps' compute in another order.
 
     Replicas of one rank run the same nodes, but each computes with noise of its own (the
@@ -419,9 +431,9 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     waits the real replicas did not have; a replica measured beside the rank has the same spells.
 
     The waits each compute span was measured after (`model.resume_gap`, calibrate/resume.py) and
-    when it was measured (`model.measured_start`, `measured_end`) move with the spans;
-    `measured_gaps`, `measured_times` (began, ended): those of the `measured` replicas (unknown
-    where left out).
+    when it was measured (`model.measured_start`, `measured_end`) and the wait for a core it holds
+    (`model.measured_queued`) move with the spans; `measured_gaps`, `measured_times` (began,
+    ended), `measured_queued`: those of the `measured` replicas (unknown where left out).
 
     Returns the model and, per rank, the rank whose timeline it shares (the first replica with its
     order), for the quotient solver (`timeline.solve`).
@@ -440,7 +452,8 @@ def replica_noise(bare: Trace, model: NodeModel, source: np.ndarray, first_step:
     beside = {name: (np.array(values, dtype=np.float64), own) for name, values, own in (
         ("resume_gap", model.resume_gap, measured_gaps or {}),
         ("measured_start", model.measured_start, {r: t[0] for r, t in (measured_times or {}).items()}),
-        ("measured_end", model.measured_end, {r: t[1] for r, t in (measured_times or {}).items()}))
+        ("measured_end", model.measured_end, {r: t[1] for r, t in (measured_times or {}).items()}),
+        ("measured_queued", model.measured_queued, measured_queued or {}))
         if values is not None}
     for r in np.nonzero((order > 0) & (shares == np.arange(world)))[0]:   # one replica per order
         if measured and int(r) in measured:

@@ -75,7 +75,8 @@ def predict(bare: Trace, slices: list[tuple[Path, list[int]]], source: np.ndarra
     return predict_from(bare, match, timings, source, warmup, orders, load, {r: t.span for r, t in measured.items()},
                         resume=cost, measured_gaps={r: t.resume_gap for r, t in measured.items()},
                         measured_times={r: (t.began, t.ended) for r, t in measured.items()
-                                        if t.began is not None and t.ended is not None})
+                                        if t.began is not None and t.ended is not None},
+                        measured_queued={r: t.queued for r, t in measured.items() if t.queued is not None})
 
 
 def replica_timings(bare: Trace, match: OpMatch, runs: list[tuple[Path, list[int]]],
@@ -141,15 +142,18 @@ def predict_from(bare: Trace, match: OpMatch, timings: dict[int, RankTiming], so
                  warmup: int = 0, orders: int = 1, load: dict | None = None,
                  measured: dict[int, np.ndarray] | None = None, resume: ResumeCost | None = None,
                  measured_gaps: dict[int, np.ndarray] | None = None,
-                 measured_times: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> Prediction:
+                 measured_times: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+                 measured_queued: dict[int, np.ndarray] | None = None) -> Prediction:
     """The calibrated prediction from the timed ranks' measurements (`timed_ranks`) and the spans
     of replicas measured in co-runs (`replica_spans`; `measured_gaps`: the waits before them;
-    `measured_times`: when they began and ended there).
+    `measured_times`: when they began and ended there; `measured_queued`: the waits for a core
+    their spans hold).
     `resume`: each compute span moves from the wait it was measured after to the one the timeline
     puts before it, and the timeline is solved again until its step ends stop moving (`resume.py`)."""
     model = merge_model(bare, timings, source)
     model = pool_member_noise(bare, match, model, timings, source)
-    model, shares = replica_noise(bare, model, source, warmup, orders, measured, measured_gaps, measured_times)
+    model, shares = replica_noise(bare, model, source, warmup, orders, measured, measured_gaps, measured_times,
+                                  measured_queued)
     end, start, rounds = solve(model, match, bare.offsets, source=shares)
     measured_span = model.span
     if resume is not None:

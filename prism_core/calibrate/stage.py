@@ -203,6 +203,8 @@ def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: lis
     # when each node's span was measured, beside the timeline's start and end (replay/steady.py `shared_noise`)
     if m.measured_start is not None and m.measured_end is not None:
         optional.update(measured_start=m.measured_start, measured_end=m.measured_end)
+    if m.measured_queued is not None:
+        optional.update(measured_queued=m.measured_queued)
     np.savez(tmp, start=prediction.start, end=prediction.end, offsets=trace.offsets, span=m.span,
              transfer=m.transfer, release=m.release, completes_synced=m.completes_synced,
              issue_cost=m.issue_cost if m.issue_cost is not None else np.zeros_like(m.transfer),

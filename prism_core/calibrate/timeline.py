@@ -43,6 +43,7 @@ class NodeModel:
     resume_gap: np.ndarray | None = None   # compute nodes: the wait before each in the run its span is from (NaN unknown)
     measured_start: np.ndarray | None = None   # when each node began in the run its span is from (NaN unknown)
     measured_end: np.ndarray | None = None
+    measured_queued: np.ndarray | None = None  # the wait for a core each span holds there (NaN unknown)
 
 
 def solve(model: NodeModel, match: OpMatch, offsets: np.ndarray, source: np.ndarray | None = None,

@@ -21,9 +21,10 @@ COMMON = rng.normal(0.0, 1e-4, size=(STEPS - 1, 2))
 OWN = rng.normal(0.0, 1e-4, size=(2, STEPS - 1, 2))
 
 
-def _kept_pair(tmp_path: Path, shift: float | None):
+def _kept_pair(tmp_path: Path, shift: float | None, waits: bool = False):
     """A kept pair whose records share half of each rank's noise; its timeline's spans share it
-    too, measured with rank 1 `shift` of each node after rank 0 (None: no measured times kept)."""
+    too, measured with rank 1 `shift` of each node after rank 0 (None: no measured times kept).
+    `waits`: the timeline's compute spans hold waits for a core, each rank's apart (kept beside them)."""
     trace, model = _two_ranks([[0.010, 0.020]] * STEPS)
     noise = [np.sqrt(0.5) * COMMON + np.sqrt(0.5) * OWN[r] for r in range(2)]
     for run in ("record", "record_e"):
@@ -32,12 +33,18 @@ def _kept_pair(tmp_path: Path, shift: float | None):
     span = model.span.copy()
     for r in range(2):
         span[trace.rank_slice(r)] = _spans(trace, model, r, noise[r])
+    queued = np.zeros(len(span))
+    if waits:
+        compute = trace.columns["kind"] == COMPUTE
+        queued[compute] = np.where(rng.random(compute.sum()) < 0.3, rng.exponential(2e-4, compute.sum()), 0.0)
+        span = span + queued
     start = np.concatenate([np.cumsum(span[trace.rank_slice(r)]) - span[trace.rank_slice(r)] for r in range(2)])
     times = {}
     if shift is not None:
         measured = start.copy()
         measured[trace.rank_slice(1)] += shift * span[trace.rank_slice(1)]
-        times = {"start": start, "end": start + span, "measured_start": measured, "measured_end": measured + span}
+        times = {"start": start, "end": start + span, "measured_start": measured, "measured_end": measured + span,
+                 "measured_queued": queued}
     (tmp_path / "calibrate").mkdir()
     np.savez(tmp_path / "calibrate" / "timeline.npz", span=span, **times)
     return trace, span
@@ -50,6 +57,14 @@ def test_the_read_shared_noise_counts_how_far_the_measured_nodes_ran_at_once(tmp
     assert row.timeline > 0.9 and row.measured < row.timeline       # the timeline's nodes at once, not the measured
     assert row.read == pytest.approx(min(1.0, row.as_read * row.timeline / row.measured))
     assert row.as_read == shared_noise(trace, span, 1, 0, 1)
+
+
+def test_the_read_leaves_out_the_waits_for_a_core_the_timelines_spans_hold(tmp_path):
+    trace, span = _kept_pair(tmp_path, shift=0.0, waits=True)
+    (row,) = read_pair("ep2", trace, tmp_path)
+    assert row.as_read < row.record[0] - 0.1                 # each rank's waits: the spans share less
+    assert row.waits_out == pytest.approx(row.record[0]) and row.read == pytest.approx(row.waits_out)
+    assert not row.again
 
 
 def test_a_timeline_without_measured_times_is_read_as_it_is(tmp_path):
@@ -78,3 +93,26 @@ def test_the_slope_reads_noise_shared_only_where_the_measured_nodes_overlapped(t
     (row,) = read_pair("tp2", trace, tmp_path)
     assert row.measured == pytest.approx(row.timeline / 2, abs=0.05) and row.timeline > 0.8
     assert row.slope == pytest.approx(1.0, abs=0.25)      # all of it where they overlapped, none elsewhere
+
+
+def _emulations(tmp_path: Path, trace, model, noise) -> None:
+    """Each rank emulated beside a steady peer, computing with `noise[rank]`."""
+    for r in range(2):
+        run = tmp_path / f"emulate_{r}_spans"
+        _write_part(run, r, _spans(trace, model, r, noise[r]))
+        (run / "replay").mkdir()
+        (run / "replay" / "stats.json").write_text('{"virtual_spans": "paired"}')
+
+
+@pytest.mark.parametrize("shared, needed", [(0.0, 1.0), (0.5, 0.0)])
+def test_the_needed_share_leaves_an_emulated_rank_as_far_from_its_peer_as_the_records(tmp_path, shared, needed):
+    trace, model = _two_ranks([[0.010, 0.020]] * STEPS)
+    _kept_pair(tmp_path, shift=0.0)
+    noise = [np.sqrt(shared) * COMMON + np.sqrt(1 - shared) * OWN[r] for r in range(2)]
+    for r in range(2):
+        _write_part(tmp_path / "record_e", r, _spans(trace, model, r, noise[r]))
+    (row,) = read_pair("ep2", trace, tmp_path)
+    assert row.needed is None                                   # no emulation beside a steady peer
+    _emulations(tmp_path, trace, model, noise)
+    (row,) = read_pair("ep2", trace, tmp_path)
+    assert row.needed == pytest.approx(needed, abs=0.2)              # 80 nodes a rank: a sample

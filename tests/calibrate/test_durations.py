@@ -299,10 +299,15 @@ def test_only_the_part_of_a_wait_the_assistant_ran_leaves_the_compute(tmp_path):
     bare, match = _slice_with_waits(tmp_path, arrivals=True, own=(0.1, 0.0), helper=(0.05, 0.8))
     t = slice_timings(bare, match, tmp_path, [0])[0]
     assert t.span[[0, 2]] == pytest.approx([0.95, 0.4])
+    assert t.queued.tolist() == pytest.approx([0.2, 0.0, 0.0])      # the rest of each wait, still in the span
     foreign = slice_timings(bare, match, tmp_path, [0], waits_out="foreign")[0]
     assert foreign.span[[0, 2]] == pytest.approx([0.85, 0.4])
+    assert foreign.queued.tolist() == pytest.approx([0.1, 0.0, 0.0])
     every = slice_timings(bare, match, tmp_path, [0], waits_out="all")[0]
     assert every.span[[0, 2]] == pytest.approx([0.75, 0.4])
+    assert every.queued.tolist() == [0.0, 0.0, 0.0]
+    whole = slice_timings(bare, match, tmp_path, [0], waits_out="none")[0]
+    assert whole.queued.tolist() == pytest.approx([0.25, 0.0, 0.5])
     with pytest.raises(ValueError, match="waits_out"):
         slice_timings(bare, match, tmp_path, [0], waits_out="some")
 
@@ -321,6 +326,7 @@ def test_a_real_run_of_every_rank_keeps_its_compute_whole(tmp_path):
     timings = slice_timings(bare, match, tmp_path, [0, 1])
     for r in (0, 1):
         assert timings[r].span[[0, 2]] == pytest.approx([1.0, 0.9])
+        assert timings[r].queued.tolist() == pytest.approx([0.25, 0.0, 0.5])    # every wait still in it
 
 
 def _run(span: list[float], gap: list[float]) -> RankTiming:
@@ -355,7 +361,9 @@ def test_loaded_compute_keeps_when_it_was_measured():
     plain = {0: replace(_run([1.0, 0.1, 2.0], [0.0] * 3), began=np.array([0.0, 1.0, 1.1]), ended=np.array([1.0, 1.1, 3.1]))}
     loaded = {0: replace(_run([1.5, 0.1, 2.5], [0.0] * 3), began=np.array([50.0, 51.5, 51.6]),
                          ended=np.array([51.5, 51.6, 54.1]))}
+    plain[0].queued, loaded[0].queued = np.array([0.1, 0.0, 0.2]), np.array([0.3, 0.0, 0.4])
     out = with_loaded_compute(trace, plain, loaded)[0]
     assert out.began.tolist() == [50.0, 1.0, 51.6] and out.ended.tolist() == [51.5, 1.1, 54.1]
+    assert out.queued.tolist() == [0.3, 0.0, 0.4]          # the waits the loaded spans hold come with them
     unknown = with_loaded_compute(trace, plain, {0: replace(loaded[0], began=None, ended=None)})[0]
     assert np.isnan(unknown.began[[0, 2]]).all() and unknown.began[1] == 1.0

@@ -4,6 +4,8 @@ keep theirs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -156,8 +158,25 @@ def test_shared_noise_counts_the_nodes_measured_apart_as_far_as_the_timeline_run
 def test_node_moments_are_read_from_a_timeline_that_kept_them():
     times = {"start": np.zeros(3), "end": np.ones(3), "measured_start": np.zeros(3), "measured_end": np.ones(3)}
     moments = node_moments(times)
-    assert moments is not None and moments.end.tolist() == [1.0, 1.0, 1.0]
+    assert moments is not None and moments.end.tolist() == [1.0, 1.0, 1.0] and moments.measured_queued is None
     assert node_moments({k: v for k, v in times.items() if k != "measured_end"}) is None   # calibrated before
+    assert node_moments(times | {"measured_queued": np.full(3, 0.5)}).measured_queued.tolist() == [0.5] * 3
+
+
+def test_shared_noise_leaves_out_the_waits_for_a_core_the_spans_hold():
+    trace, span = _noisy_pair(0.4, steps=400)
+    read = shared_noise(trace, span, 1, 0, first_step=1)
+    # each rank waited for a core at some nodes, apart from the other: the spans share less
+    rng = np.random.default_rng(5)
+    queued = np.where(rng.random(len(span)) < 0.3, rng.exponential(3e-4, len(span)), 0.0)
+    queued[trace.columns["kind"] != COMPUTE] = 0.0
+    waited = span + queued
+    assert shared_noise(trace, waited, 1, 0, 1) < read - 0.1
+    moments = replace(_moments(trace, 0.0), measured_queued=queued)
+    assert shared_noise(trace, waited, 1, 0, 1, moments) == pytest.approx(read)
+    unknown = queued.copy()
+    unknown[trace.offsets[1] + 3] = np.nan                       # a wait not noted counts as none
+    assert shared_noise(trace, waited, 1, 0, 1, replace(moments, measured_queued=unknown)) == pytest.approx(read, abs=0.02)
 
 
 def test_kept_noise_leaves_a_live_and_a_virtual_rank_as_far_apart_as_two_real_ones():
