@@ -1222,6 +1222,14 @@ def load_timing(path: Path) -> ReplayTiming:
                             moments=node_moments(data))
 
 
+def resident_bytes() -> int | None:
+    """This process's resident memory now (Linux `/proc/self/statm`), None where it cannot be read."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
                   join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None,
@@ -1256,7 +1264,10 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     from prism_core.trace import load_trace
 
     torch.set_num_threads(1)
+    # resident memory after each phase: what grows with W, the graph, its replay state or gloo's
+    rss = {"started": resident_bytes()}
     trace = load_trace(graph)
+    rss["graph"] = resident_bytes()
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     model = load_timing(timing) if timing is not None else None
@@ -1287,6 +1298,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
 
     spin = CoreSpin((awake_fds or []) if model is not None else [])
     assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join, spin, build_ahead)
+    rss["assistant"] = resident_bytes()
     if model is not None:
         from prism_core.replay.stopped import StoppedTime
 
@@ -1310,7 +1322,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)
+        rss["connected"] = resident_bytes()
         assistant.run()
+        rss["replayed"] = resident_bytes()
     finally:
         assistant.close()
     out = result_dir / "replay"
@@ -1340,7 +1354,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "kept_noise": {str(r): w for r, (_, w) in sorted(matched.items())},
         "stopped_s": assistant._slipped - assistant._stop_base,     # the schedule moved by it
         "inputs_streamed": assistant.inputs.streamed, "inputs_read_on_demand": assistant.inputs.on_demand,
-        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_bytes": rss})
     tmp = out / f".arrivals.{os.getpid()}.npy"
     np.save(tmp, assistant.arrivals)
     os.replace(tmp, out / "arrivals.npy")

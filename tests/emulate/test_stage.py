@@ -84,6 +84,9 @@ def test_rank_of_interest_is_emulated_with_the_real_runs_memory(pp2, tmp_path):
     behind, resumed = replay["issue_behind_clock_s"], replay["resume_delay_s"]
     assert behind["median"] <= behind["p90"] <= behind["max"]
     assert 0.0 <= resumed["median"] <= resumed["max"]
+    rss = replay["rss_bytes"]          # the assistant's resident memory after each phase (bench/scale.py)
+    assert list(rss) == ["started", "graph", "assistant", "connected", "replayed"]
+    assert all(0 < v <= replay["max_rss_bytes"] for v in rss.values())
     placement = doc["emulation"]["placement"]     # one rank of interest and the assistant: 2 cores
     # the virtual stage follows rank 1's pace (emulation.follow_pace, on by default) once a step is
     # seen, where rank 1 has a core apart from the assistant's

@@ -70,3 +70,13 @@ def test_the_lead_settles_where_the_share_of_late_ops_is_asked_for():
         lead = moved_lead(lead, on_time)
     assert np.mean(late) == pytest.approx(LATE_SHARE, abs=0.03)
     assert lead == pytest.approx(np.percentile(wake, 90), rel=0.15)
+
+
+def test_resident_bytes_reads_this_processs_resident_memory():
+    from prism_core.replay.assistant import resident_bytes
+
+    before = resident_bytes()
+    block = bytearray(64 * 2**20)            # 64 MiB written: resident
+    block[::4096] = b"x" * len(block[::4096])
+    after = resident_bytes()
+    assert before is not None and after - before >= 48 * 2**20
