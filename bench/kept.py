@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prism_core.calibrate.durations import steady_compute
 from prism_core.trace import Trace, load_trace
 
 
@@ -44,6 +45,16 @@ def read_kept(description: str, read_pair: Callable[[str, Trace, Path], list], w
     if not rows:
         raise SystemExit(f"no {what} under " + ", ".join(map(str, args.keep)))
     return rows
+
+
+def steady_grids(trace: Trace, first_step: int) -> list[np.ndarray] | None:
+    """Ranks 0 and 1's steady compute nodes ([step, position], `steady_compute`) over the steps both
+    ran steadily (a rank's last may differ); None where one has none."""
+    grids = [steady_compute(trace, r, first_step) for r in range(2)]
+    if any(g is None for g in grids):
+        return None
+    n = min(len(g) for g in grids)
+    return [g[:n] for g in grids]
 
 
 def part_spans(run: Path, rank: int) -> np.ndarray:

@@ -34,9 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.calibrate.durations import steady_compute
 from prism_core.replay.steady import deviations, matched_noise, node_moments, steady_spans
-from kept import part_spans, read_kept, runs_by_spans, warmup_steps
+from kept import part_spans, read_kept, runs_by_spans, steady_grids, warmup_steps
 from prism_core.trace import Trace
 
 
@@ -68,11 +67,9 @@ def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
     warmup = warmup_steps(record)
     with np.load(pair / "calibrate" / "timeline.npz") as timeline:
         span, moments = timeline["span"], node_moments(timeline)
-    grids = [steady_compute(trace, r, warmup) for r in range(2)]
-    if any(g is None for g in grids):
+    grids = steady_grids(trace, warmup)
+    if grids is None:
         return []
-    n = min(len(g) for g in grids)      # the steps both ranks ran steadily (a rank's last may differ)
-    grids = [g[:n] for g in grids]
     real = [deviations(part_spans(record, r)[grids[r]]) for r in range(2)]
     out = []
     for s in range(2):

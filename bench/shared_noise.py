@@ -42,12 +42,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kept import part_spans, read_kept, runs_by_spans
-from prism_core.calibrate.durations import steady_compute, steady_steps
+from kept import part_spans, read_kept, runs_by_spans, steady_grids
+from prism_core.calibrate.durations import steady_steps
 from prism_core.calibrate.predict import predict
 from prism_core.calibrate.stage import plan_orders, replica_runs, slice_jobs
 from prism_core.config import config_from_dict
-from prism_core.replay.steady import NodeMoments, deviations, kept_noise, node_moments, overlap, overlaps, shared_noise
+from prism_core.replay.steady import (NodeMoments, deviations, kept_noise, less_waits, node_moments, overlap, overlaps,
+                                    shared_noise)
 from prism_core.trace import Trace
 
 
@@ -72,11 +73,9 @@ def _record_spans(run: Path, world: int) -> np.ndarray:
 
 def _needed(trace: Trace, span: np.ndarray, pair: Path, first_step: int) -> float | None:
     """`w needed` (the module's docstring), or None where an emulation with a steady peer is missing."""
-    grids = [steady_compute(trace, r, first_step) for r in range(2)]
-    if any(g is None for g in grids) or grids[0].shape[1] != grids[1].shape[1]:
+    grids = steady_grids(trace, first_step)
+    if grids is None or grids[0].shape != grids[1].shape:
         return None
-    n = min(len(g) for g in grids)
-    grids = [g[:n] for g in grids]
     runs = [runs_by_spans(pair, r)["steady"] for r in range(2)]
     if not all((run / "trace_parts" / f"{r}.npz").is_file() for r, run in enumerate(runs)):
         return None
@@ -139,7 +138,7 @@ def read_pair(config: str, trace: Trace, pair: Path) -> list[SharedNoise]:
     waits_out = measured = there = read = slope = None
     if moments is not None:
         if moments.measured_queued is not None:
-            waits_out = shared_noise(trace, span - np.nan_to_num(moments.measured_queued), 1, 0, warmup)
+            waits_out = shared_noise(trace, less_waits(span, moments), 1, 0, warmup)
         measured, there, slope = _overlaps(trace, span, moments, warmup)
         read = shared_noise(trace, span, 1, 0, warmup, moments)
     return [SharedNoise(config, pair.name, record, as_read, waits_out, measured, there, read, slope,

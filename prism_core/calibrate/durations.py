@@ -139,12 +139,12 @@ def _unqueued(bare: Trace, rank: int, timing: RankTiming, slice_dir: Path, waits
         raise CalibrationError(f"rank {rank} in slice {slice_dir}: its waits for a core name nodes that are not "
                                "compute; rerun the slice")
     span = timing.span.copy()
-    out = queued if waits_out == "all" else np.maximum(queued - own, 0.0)
-    if waits_out == "assistant":
-        out = np.minimum(out, helper)
     if waits_out == "none":
         out = np.zeros(len(nodes))
     else:
+        out = queued if waits_out == "all" else np.maximum(queued - own, 0.0)
+        if waits_out == "assistant":
+            out = np.minimum(out, helper)
         span[nodes] = np.maximum(span[nodes] - out, 0.0)
     rest = np.zeros(len(span))
     rest[nodes] = np.minimum(queued - out, span[nodes])

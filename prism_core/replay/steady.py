@@ -148,6 +148,11 @@ def node_moments(timeline: Mapping[str, np.ndarray]) -> NodeMoments | None:
     return NodeMoments(*(np.asarray(timeline[n], dtype=np.float64) for n in names), measured_queued=queued)
 
 
+def less_waits(span: np.ndarray, moments: NodeMoments) -> np.ndarray:
+    """`span` less the wait for a core each holds (`moments.measured_queued`; none where unknown)."""
+    return span if moments.measured_queued is None else span - np.nan_to_num(moments.measured_queued)
+
+
 def overlaps(a0: np.ndarray, a1: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> np.ndarray | None:
     """Per pair of nodes ([a0, a1] beside [b0, b1]): the time they ran at once over the geometric
     mean of their lengths (1: the same interval, 0 for a node of no length). None where a time is
@@ -194,8 +199,8 @@ def shared_noise(trace: Trace, span: np.ndarray, rank: int, peer: int, first_ste
     common = sorted(set(found[0][0]) & set(found[1][0]))
     if len(common) < 2:
         return None
-    if moments is not None and moments.measured_queued is not None:
-        span = span - np.nan_to_num(moments.measured_queued)
+    if moments is not None:
+        span = less_waits(span, moments)
     dev, nodes = [], []
     for r, (steps, grid) in zip((rank, peer), found):
         rows = grid[[steps.index(k) for k in common]] + int(trace.offsets[r])
