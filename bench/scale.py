@@ -12,8 +12,9 @@ structurally, to the graph rules-mode collection records of the real script.
     .venv/bin/python bench/scale.py [--worlds 64,256,1024,4096,8192,16384]
 
 Printed per W: the launch's wall time (process start to exit, both ranks and the assistant), the
-sandbox ranks' init, barrier and tree-collective times, the assistant's peak resident memory and
-gloo groups, and what its resident memory grew by in each phase (`replay/stats.json` ->
+sandbox ranks' init, barrier and tree-collective times, the assistant's peak resident memory, its
+gloo groups and their gloo layers' members all together (a pruned group's layer holds only the
+members kept, `backend/compact.py`), and what its resident memory grew by in each phase (`replay/stats.json` ->
 `rss_bytes`): loading the graph, setting up the replay, connecting its gloo groups, replaying;
 it stops if a sandbox rank did not receive rank 0's broadcast.
 """
@@ -106,18 +107,19 @@ def main() -> None:
                 raise SystemExit(f"W={world}: a sandbox rank did not get rank 0's broadcast: {ranks}")
             rows.append((world, wall, max(r["init_s"] for r in ranks), max(r["barrier_s"] for r in ranks),
                          max(r["trees_s"] for r in ranks), stats["max_rss_bytes"], stats["gloo_groups"],
-                         stats["wall_s"], _growth(stats.get("rss_bytes") or {})))
+                         stats.get("gloo_members"), stats["wall_s"], _growth(stats.get("rss_bytes") or {})))
             print(f"W={world}: {wall:.1f} s", flush=True)
     print(f"\n{'W':>6} {'wall (s)':>9} {'init (s)':>9} {'barrier (s)':>11} {'trees (s)':>9} {'assistant RSS':>14} "
-          f"{'gloo groups':>11} {'assistant (s)':>13}   {'+graph':>6} {'+set-up':>7} {'+groups':>7} {'+replay':>7} (MiB)")
-    for world, wall, init, barrier, trees, rss, groups, assistant, growth in rows:
+          f"{'gloo groups':>11} {'members':>7} {'assistant (s)':>13}   {'+graph':>6} {'+set-up':>7} {'+groups':>7} {'+replay':>7} (MiB)")
+    for world, wall, init, barrier, trees, rss, groups, members, assistant, growth in rows:
         print(f"{world:>6} {wall:9.2f} {init:9.3f} {barrier:11.3f} {trees:9.3f} {rss / 2**20:11.0f} MiB {groups:>11} "
-              f"{assistant:13.2f}   " + " ".join(f"{g:>{w}.0f}" if g is not None else f"{'-':>{w}}"
+              f"{members if members is not None else '-':>7} {assistant:13.2f}   " + " ".join(f"{g:>{w}.0f}" if g is not None else f"{'-':>{w}}"
                                                for g, w in zip(growth, (6, 7, 7, 7))))
     print("wall: launch to exit of both sandbox ranks and the assistant (Python and torch start-up included); "
-          "init / barrier / trees (broadcast + all-reduce): inside the slower sandbox rank; +graph / +set-up / +groups "
+          "init / barrier / trees (broadcast + all-reduce): inside the slower sandbox rank; members: of the assistant's "
+          "gloo groups' gloo layers, all together; +graph / +set-up / +groups "
           "/ +replay: what the assistant's resident memory grew by loading the graph, setting up the replay, making "
-          "its gloo groups (gloo's own state, per member of each group) and replaying")
+          "its gloo groups (gloo's own state, per member of each group's gloo layer) and replaying")
 
 
 def _growth(rss: dict) -> tuple[float | None, ...]:

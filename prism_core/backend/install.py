@@ -8,13 +8,14 @@ run, or none — the group is a PrismProcessGroup (`get_backend()` then answers 
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from prism_core.backend.compact import CompactGloo, existing_positions, rank_set_key
 from prism_core.backend.process_group import PrismProcessGroup
+from prism_core.backend.transport_threads import make_gloo_group
 from prism_core.trace.recorder import Recorder
 
 BACKEND_NAME = "prism"
@@ -25,27 +26,38 @@ _state: dict = {"installed": False, "recorder": None, "transport": None, "made":
 
 def group_name_key(ranks, nth: int) -> str:
     """Store key under which a sandbox rank publishes the c10d name of the nth group of this rank set."""
-    members = hashlib.sha1(",".join(map(str, sorted(ranks))).encode()).hexdigest()   # store keys are short
-    return f"prism/group_name/{len(ranks)}/{members}/{nth}"
+    return rank_set_key("prism/group_name", ranks, nth)
 
 
-def _publish(store, ranks: list[int], name: str) -> None:
-    """c10d names groups by creation count; a graph built from one DP replica cannot know the names
-    of the other replicas' groups, so the ranks that run for real say them."""
+def _job_store(store):
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
+    return store
+
+
+def _nth(ranks: list[int]) -> int:
+    """How many groups of this rank set the program made before this one."""
     made = _state["made"]
     nth = made.get(tuple(sorted(ranks)), 0)
     made[tuple(sorted(ranks))] = nth + 1
-    store.set(group_name_key(ranks, nth), name)
+    return nth
 
 
 def _create(opts, backend_options) -> PrismProcessGroup:
     ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+    nth = _nth(ranks)
     if os.environ.get(ENV_PUBLISH_GROUPS) == "1":
-        _publish(opts.store, ranks, opts.group_id)
+        # c10d names groups by creation count; a graph built from one DP replica cannot know the
+        # names of the other replicas' groups, so the ranks that run for real say them
+        _job_store(opts.store).set(group_name_key(ranks, nth), opts.group_id)
     factory = _state["transport"]
     inner = factory(opts.group_id, tuple(ranks), opts.group_rank) if factory is not None else None
+    if inner is None and os.environ.get(ENV_SANDBOX):     # the replay assistant says which members exist
+        kept = existing_positions(_job_store(opts.store), ranks, nth, opts.timeout)
+        if kept is not None:
+            gloo = make_gloo_group(lambda: dist.ProcessGroupGloo(dist.PrefixStore("prism_gloo/", opts.store),
+                                                                 kept.index(opts.group_rank), len(kept), opts.timeout))
+            inner = CompactGloo(gloo, kept)
     return PrismProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks, opts.group_id,
                              _state["recorder"], inner=inner)
 

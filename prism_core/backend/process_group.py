@@ -23,6 +23,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
+from prism_core.backend.compact import CompactGloo
 from prism_core.backend.pruned import BARRIER_TAG, ring_algorithm, tree_algorithm, tree_children, tree_parent
 from prism_core.backend.tree import tree_allreduce_inplace, tree_broadcast_inplace, tree_reduce_inplace
 from prism_core.backend.ring import (
@@ -136,7 +137,7 @@ class PrismProcessGroup(dist.ProcessGroup):
             inner = make_gloo_group(lambda: dist.ProcessGroupGloo(dist.PrefixStore("prism_gloo/", store), rank, size,
                                                                   timeout))
         self._inner = inner
-        self._gloo = isinstance(inner, dist.ProcessGroupGloo)
+        self._gloo = isinstance(inner, (dist.ProcessGroupGloo, CompactGloo))
         self._global_ranks = tuple(global_ranks) if global_ranks else tuple(range(size))
         self._name = group_id
         self._desc = "undefined"

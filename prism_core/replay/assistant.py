@@ -300,6 +300,8 @@ class Assistant:
         self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
         self.moves: list = []                    # barrier tokens in flight (the run ends after them)
         self.pgs: dict[tuple[int, int], object] = {}
+        self.gloo_members = 0          # members of its gloo groups' gloo layers, all together
+        self.compact_groups = 0        # groups whose gloo layer holds only the members kept (backend/compact.py)
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         # issues (one drain per gloo group at a time) and blocking p2p waits
         self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="gloo-issue-wait")
@@ -360,11 +362,16 @@ class Assistant:
         self.inputs.preload(wanted)
         import torch.distributed as dist
 
+        from prism_core.backend import compact
         from prism_core.backend.install import group_name_key
         from prism_core.backend.transport_threads import make_gloo_group
 
         nth = _nth_of_rank_set(self.trace)
         timeout = datetime.timedelta(seconds=self.timeout_s)
+        kept = {g: self._kept_positions(g) for g in self.real_groups}
+        # before any group is made: a sandbox rank making its group waits to know which members exist
+        self.compact_groups = compact.publish(base_store, [(self.trace.groups[g], nth[g], kept[g])
+                                                           for g in sorted(self.real_groups)])
         # the graph's names first: they need no wait; a DP-expanded group's c10d name comes from a
         # sandbox member, published when the program creates the group
         for g in sorted(self.real_groups, key=lambda g: not self._named(g)):
@@ -372,11 +379,18 @@ class Assistant:
             name = self.trace.group_names[g] if self._named(g) else \
                 base_store.get(group_name_key(members, nth[g])).decode()
             store = c10d_store(base_store, name)
+            whole = len(kept[g]) == len(members)
             for rank in self._virtual_members(g):
                 # made before the replay starts: made later, beside live gloo traffic, a lazily
                 # initialised ProcessGroupGloo was seen to block in its constructor
-                self.pgs[(rank, g)] = make_gloo_group(
-                    lambda: dist.ProcessGroupGloo(store, self._position(g, rank), len(members), timeout))
+                at = self._position(g, rank) if whole else kept[g].index(self._position(g, rank))
+                gloo = make_gloo_group(lambda: dist.ProcessGroupGloo(store, at, len(kept[g]), timeout))
+                self.pgs[(rank, g)] = gloo if whole else compact.CompactGloo(gloo, kept[g])
+                self.gloo_members += len(kept[g])
+
+    def _kept_positions(self, g: int) -> list[int]:
+        """The positions of group `g` on the wire: its sandbox ranks and the virtual members kept."""
+        return sorted({self._position(g, r) for r in self._virtual_members(g)} | self._sandbox_positions(g))
 
     def _named(self, g: int) -> bool:
         """The graph records the group's c10d name (it was collected, not made by DP expansion)."""
@@ -1331,6 +1345,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "stats.json", {
         "virtual_ranks": len(assistant.virtual), "gloo_groups": len(assistant.pgs),
+        "gloo_members": assistant.gloo_members, "compact_groups": assistant.compact_groups,
         "gloo_loop_policies": sorted(loop_policies().values()),
         "timer_lead_s": assistant.lead,
         "timed_gloo_ops": assistant.holds.ops, "held_ops": assistant.holds.held, "held_s": assistant.holds.held_s,

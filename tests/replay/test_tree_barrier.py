@@ -135,6 +135,9 @@ def test_sandbox_ranks_pass_a_barrier_and_trees_with_only_their_tree_neighbours(
         run_with_assistant(cfg, graph.directory, sandbox, out)
         stats = json.loads((out / "replay" / "stats.json").read_text())
         assert stats["gloo_groups"] == len(neighbours) and stats["virtual_ranks"] == 6 - len(sandbox)
+        # the world group's gloo layer: the sandbox ranks and their tree neighbours, not all 6
+        assert stats["compact_groups"] == 1
+        assert stats["gloo_members"] == len(neighbours) * (len(neighbours) + len(sandbox))
         for r in sandbox:
             line = json.loads((out / "logs" / f"rank_{r}.log").read_text().strip().splitlines()[-1])
             assert line["world_size"] == 6 and line["broadcast_ok"]      # the tree broadcast from rank 0
