@@ -68,6 +68,10 @@ AHEAD_MIN_BYTES = 1 << 20
 # compute before them was shorter (item 51)
 PREP_S = 0.5e-3
 ASSISTANT = "assistant"
+# the graph's columns the replay reads (its steady spans place nodes by label; microbatches, chunks
+# and the recorded times it never reads)
+REPLAY_COLUMNS = ("kind", "op", "group", "peer", "bytes", "dtype", "seq", "tag", "async_", "ref", "label", "step",
+                  "reduce", "splits")
 
 
 HOLD_SPIN_S = 100e-6     # the end of a hold is spun, as a sleep overshoots by about half that
@@ -440,7 +444,7 @@ class Assistant:
         span = self.model.span if self.model is not None else None
         pos = {r: int(self.trace.offsets[r]) for r in self.virtual}
         end = {r: int(self.trace.offsets[r + 1]) for r in self.virtual}
-        handles: dict[int, dict[int, _Handle]] = {r: {} for r in self.virtual}
+        handles: dict[int, dict[int, _Handle]] = {}      # rank -> its async ops not yet waited for
         blocked: dict[int, tuple[int, str]] = {}
         ready = deque(self.virtual)
         remaining = len(self.virtual)
@@ -478,7 +482,7 @@ class Assistant:
                     if k == COMM:
                         h = self._issue(r, i)
                         if async_[i]:
-                            handles[r][i - base] = h
+                            handles.setdefault(r, {})[i - base] = h
                         elif not h.done:
                             h.waiters.append(r)
                             blocked[r] = (i, "in")
@@ -1280,7 +1284,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     torch.set_num_threads(1)
     # resident memory after each phase: what grows with W, the graph, its replay state or gloo's
     rss = {"started": resident_bytes()}
-    trace = load_trace(graph)
+    trace = load_trace(graph, REPLAY_COLUMNS)
     rss["graph"] = resident_bytes()
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                           timeout=datetime.timedelta(seconds=timeout_s))

@@ -71,6 +71,20 @@ def test_round_trip_preserves_everything(tmp_path, world_size):
     assert tuple(range(world_size)) in comm_groups and (0, 1) in comm_groups
 
 
+def test_only_the_columns_asked_for_are_loaded(tmp_path):
+    from prism_core.replay.assistant import REPLAY_COLUMNS
+
+    trace = merged(tmp_path, reference_job(3))
+    path = write_trace(trace, tmp_path / STORE_NAME)
+    part = load_trace(path, REPLAY_COLUMNS)
+    assert set(part.columns) == set(REPLAY_COLUMNS) and "t_start" not in part.columns
+    for name in REPLAY_COLUMNS:
+        assert np.array_equal(part.columns[name], trace.columns[name]), name
+    assert np.array_equal(part.offsets, trace.offsets) and part.groups == trace.groups
+    with pytest.raises(ValueError, match=r"not columns of the trace schema: \['label_text'\]"):
+        load_trace(path, ["kind", "label_text"])
+
+
 def test_step_peaks_none_without_memory(tmp_path):
     trace = merged(tmp_path, reference_job(2))
     back = load_trace(write_trace(trace, tmp_path / STORE_NAME))
