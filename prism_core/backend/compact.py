@@ -5,15 +5,19 @@ virtual ranks next to them in its rings and trees (paper §6.3). Made as c10d ma
 group would still have every member: gloo's TCP context builds one pair object per member, about
 1.4 KiB each even when lazily connected, so the replay assistant, which makes one such group for
 each virtual member it keeps, grew by some 4 KiB per rank of the job (65 MiB at W=16,384 with
-three of them; README, item 52's scale run). Here the group's gloo layer has only the members
-that exist, at compact ranks 0..k-1 in group order, and the prism backend's point-to-point links
-map group positions onto them; the group the program sees keeps its rank and size.
+three of them; README, item 52's scale run). Here the group's gloo layer has only the
+members that exist, at compact ranks 0..k-1 in group order, and the prism backend's
+point-to-point links map group positions onto them; the group the program sees keeps its rank
+and size.
 
 The replay assistant knows from the graph which members exist. Before it makes any group it
 publishes, for each group holding a sandbox rank that it prunes, the positions kept (`publish`),
 then a ready mark; a sandbox rank making a group reads them (`existing_positions`): none
-published, the group is whole. Both sides name a group by its rank set and how many groups of
-that set the program made before it (`rank_set_key`), which each knows without the other.
+published, the group is whole. A group the graph names is published under its c10d name, the
+name under which both sides' gloo layers meet, so a group the program makes but never uses
+(absent from the graph) cannot take another's place. A DP-expanded group, whose c10d name the
+graph cannot know, goes by its rank set and how many groups of that set the program made
+before it (`rank_set_key`), which each side knows without the other.
 """
 
 from __future__ import annotations
@@ -34,28 +38,58 @@ def rank_set_key(prefix: str, ranks: Iterable[int], nth: int) -> str:
 
 
 def members_key(ranks: Iterable[int], nth: int) -> str:
+    """Where the kept positions of a group known only by its rank set (DP-expanded) are said."""
     return rank_set_key(MEMBERS_PREFIX, ranks, nth)
 
 
-def publish(store, groups: Iterable[tuple[Sequence[int], int, Sequence[int]]]) -> int:
-    """For each (group's global ranks, nth, positions kept) with some position left out, say which
-    positions exist; then the ready mark. Returns how many groups were published compact."""
+def named_members_key(name: str) -> str:
+    """Where the kept positions of the group c10d names `name` are said."""
+    return f"{MEMBERS_PREFIX}/name/{name}"
+
+
+def publish(store, groups: Iterable[tuple[str | None, Sequence[int], int, Sequence[int]]]) -> int:
+    """For each (c10d name, or None where the graph does not know it; global ranks; nth group of
+    that rank set; positions kept) with some position left out, say which positions exist; then
+    the ready mark. Returns how many groups were published compact."""
     published = 0
-    for ranks, nth, positions in groups:
+    for name, ranks, nth, positions in groups:
         if len(positions) < len(ranks):
-            store.set(members_key(ranks, nth), ",".join(map(str, sorted(positions))))
+            key = named_members_key(name) if name is not None else members_key(ranks, nth)
+            store.set(key, ",".join(map(str, sorted(positions))))
             published += 1
     store.set(READY_KEY, str(published))
     return published
 
 
-def existing_positions(store, ranks: Sequence[int], nth: int, timeout: datetime.timedelta) -> list[int] | None:
-    """The positions of the group that exist, once the assistant has said; None: all of them."""
-    store.wait([READY_KEY], timeout)
-    key = members_key(ranks, nth)
-    if not store.check([key]):
-        return None
-    return [int(p) for p in store.get(key).decode().split(",")]
+def existing_positions(store, name: str, ranks: Sequence[int], nth: int,
+                       timeout: datetime.timedelta) -> list[int] | None:
+    """The positions of group `name` (its global `ranks`, the `nth` of that rank set the program
+    made) that exist, once the assistant has said; None: all of them."""
+    try:
+        store.wait([READY_KEY], timeout)
+    except RuntimeError as err:      # c10d's DistStoreError: say who was waited for
+        raise TimeoutError(f"group {name!r} of {len(ranks)} ranks: the replay assistant did not say which of its "
+                           f"members exist within {timeout} (it says so once it has loaded the graph; did it "
+                           f"start?): {err}") from err
+    for key in (named_members_key(name), members_key(ranks, nth)):
+        if store.check([key]):
+            return [int(p) for p in store.get(key).decode().split(",")]
+    return None
+
+
+def layer(store, position: int, kept: Sequence[int], timeout: datetime.timedelta) -> CompactGloo:
+    """The gloo layer of the member at group `position` of a pruned group whose existing
+    positions are `kept`, made on `store` (lazily connected where the process asks for it)."""
+    import torch.distributed as dist
+
+    from prism_core.backend.transport_threads import make_gloo_group
+
+    kept = list(kept)
+    if position not in kept:
+        raise ValueError(f"position {position} is not among the {len(kept)} positions the replay assistant "
+                         f"keeps of this group ({kept[:8]}...): the graph and the program disagree on the group")
+    gloo = make_gloo_group(lambda: dist.ProcessGroupGloo(store, kept.index(position), len(kept), timeout))
+    return CompactGloo(gloo, kept)
 
 
 class PrunedGroupError(AttributeError):

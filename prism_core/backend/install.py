@@ -13,9 +13,8 @@ import os
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism_core.backend.compact import CompactGloo, existing_positions, rank_set_key
-from prism_core.backend.process_group import PrismProcessGroup
-from prism_core.backend.transport_threads import make_gloo_group
+from prism_core.backend.compact import existing_positions, layer, rank_set_key
+from prism_core.backend.process_group import PrismProcessGroup, gloo_store
 from prism_core.trace.recorder import Recorder
 
 BACKEND_NAME = "prism"
@@ -53,11 +52,9 @@ def _create(opts, backend_options) -> PrismProcessGroup:
     factory = _state["transport"]
     inner = factory(opts.group_id, tuple(ranks), opts.group_rank) if factory is not None else None
     if inner is None and os.environ.get(ENV_SANDBOX):     # the replay assistant says which members exist
-        kept = existing_positions(_job_store(opts.store), ranks, nth, opts.timeout)
+        kept = existing_positions(_job_store(opts.store), opts.group_id, ranks, nth, opts.timeout)
         if kept is not None:
-            gloo = make_gloo_group(lambda: dist.ProcessGroupGloo(dist.PrefixStore("prism_gloo/", opts.store),
-                                                                 kept.index(opts.group_rank), len(kept), opts.timeout))
-            inner = CompactGloo(gloo, kept)
+            inner = layer(gloo_store(opts.store), opts.group_rank, kept, opts.timeout)
     return PrismProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks, opts.group_id,
                              _state["recorder"], inner=inner)
 

@@ -129,13 +129,17 @@ def _flat(nested) -> list[torch.Tensor]:
     return out
 
 
+def gloo_store(store):
+    """The store under which a group's gloo layer meets its peers (the replay assistant's too)."""
+    return dist.PrefixStore("prism_gloo/", store)
+
+
 class PrismProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, global_ranks: list[int],
                  group_id: str, recorder: Recorder | None, inner=None):
         super().__init__(rank, size)
         if inner is None:
-            inner = make_gloo_group(lambda: dist.ProcessGroupGloo(dist.PrefixStore("prism_gloo/", store), rank, size,
-                                                                  timeout))
+            inner = make_gloo_group(lambda: dist.ProcessGroupGloo(gloo_store(store), rank, size, timeout))
         self._inner = inner
         self._gloo = isinstance(inner, (dist.ProcessGroupGloo, CompactGloo))
         self._global_ranks = tuple(global_ranks) if global_ranks else tuple(range(size))

@@ -259,7 +259,9 @@ def c10d_store(base, group_name: str):
     store = dist.PrefixStore(f"{DEFAULT_GROUP}/", dist.PrefixStore("default_pg", base))
     if group_name != DEFAULT_GROUP:
         store = dist.PrefixStore(f"{group_name}/", store)
-    return dist.PrefixStore("prism_gloo/", dist.PrefixStore("cpu/", store))
+    from prism_core.backend.process_group import gloo_store
+
+    return gloo_store(dist.PrefixStore("cpu/", store))
 
 
 def _nth_of_rank_set(trace) -> list[int]:
@@ -349,6 +351,40 @@ class Assistant:
     def connect(self, base_store) -> None:
         """A gloo group per virtual member of every group holding a sandbox rank (lazily connected):
         the graph's c10d names, or those the sandbox ranks publish for DP-expanded groups."""
+        import torch.distributed as dist
+
+        from prism_core.backend import compact
+        from prism_core.backend.install import group_name_key
+        from prism_core.backend.transport_threads import make_gloo_group
+
+        nth = _nth_of_rank_set(self.trace)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        members = {g: self._virtual_members(g) for g in self.real_groups}
+        kept = {g: self._kept_positions(g, members[g]) for g in self.real_groups}
+        # first: a sandbox rank making its group waits to know which members exist
+        self.compact_groups = compact.publish(base_store, [
+            (self.trace.group_names[g] if self._named(g) else None, self.trace.groups[g], nth[g], kept[g])
+            for g in sorted(self.real_groups)])
+        self._preload_inputs()
+        # the graph's names first: they need no wait; a DP-expanded group's c10d name comes from a
+        # sandbox member, published when the program creates the group
+        for g in sorted(self.real_groups, key=lambda g: not self._named(g)):
+            ranks = self.trace.groups[g]
+            name = self.trace.group_names[g] if self._named(g) else \
+                base_store.get(group_name_key(ranks, nth[g])).decode()
+            store = c10d_store(base_store, name)
+            whole = len(kept[g]) == len(ranks)
+            for rank in members[g]:
+                # made before the replay starts: made later, beside live gloo traffic, a lazily
+                # initialised ProcessGroupGloo was seen to block in its constructor
+                at = self._position(g, rank)
+                self.pgs[(rank, g)] = compact.layer(store, at, kept[g], timeout) if not whole else \
+                    make_gloo_group(lambda: dist.ProcessGroupGloo(store, at, len(ranks), timeout))
+                self.gloo_members += len(kept[g])
+
+    def _preload_inputs(self) -> None:
+        """Read ahead from the tensor cache what the virtual members of groups holding a sandbox
+        rank send, and every member's input a sandbox rank's ring neighbours fold."""
         from prism_core.trace.schema import OPS
 
         c = self.trace.columns
@@ -364,37 +400,10 @@ class Assistant:
             for i in s.start + np.nonzero((self.ring[s] > 0) & (self.ring[s] < FIRST_TREE))[0]:
                 wanted.append((*self._cached_as(r, int(i)), int(c["step"][i])))
         self.inputs.preload(wanted)
-        import torch.distributed as dist
 
-        from prism_core.backend import compact
-        from prism_core.backend.install import group_name_key
-        from prism_core.backend.transport_threads import make_gloo_group
-
-        nth = _nth_of_rank_set(self.trace)
-        timeout = datetime.timedelta(seconds=self.timeout_s)
-        kept = {g: self._kept_positions(g) for g in self.real_groups}
-        # before any group is made: a sandbox rank making its group waits to know which members exist
-        self.compact_groups = compact.publish(base_store, [(self.trace.groups[g], nth[g], kept[g])
-                                                           for g in sorted(self.real_groups)])
-        # the graph's names first: they need no wait; a DP-expanded group's c10d name comes from a
-        # sandbox member, published when the program creates the group
-        for g in sorted(self.real_groups, key=lambda g: not self._named(g)):
-            members = self.trace.groups[g]
-            name = self.trace.group_names[g] if self._named(g) else \
-                base_store.get(group_name_key(members, nth[g])).decode()
-            store = c10d_store(base_store, name)
-            whole = len(kept[g]) == len(members)
-            for rank in self._virtual_members(g):
-                # made before the replay starts: made later, beside live gloo traffic, a lazily
-                # initialised ProcessGroupGloo was seen to block in its constructor
-                at = self._position(g, rank) if whole else kept[g].index(self._position(g, rank))
-                gloo = make_gloo_group(lambda: dist.ProcessGroupGloo(store, at, len(kept[g]), timeout))
-                self.pgs[(rank, g)] = gloo if whole else compact.CompactGloo(gloo, kept[g])
-                self.gloo_members += len(kept[g])
-
-    def _kept_positions(self, g: int) -> list[int]:
+    def _kept_positions(self, g: int, virtual_members: list[int]) -> list[int]:
         """The positions of group `g` on the wire: its sandbox ranks and the virtual members kept."""
-        return sorted({self._position(g, r) for r in self._virtual_members(g)} | self._sandbox_positions(g))
+        return sorted({self._position(g, r) for r in virtual_members} | self._sandbox_positions(g))
 
     def _named(self, g: int) -> bool:
         """The graph records the group's c10d name (it was collected, not made by DP expansion)."""

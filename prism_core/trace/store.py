@@ -166,11 +166,12 @@ def load_trace(path: Path, columns: Iterable[str] | None = None) -> Trace:
     """Load a job's trace; TraceError naming the file on anything missing or corrupt.
 
     `columns`: only these of the schema's columns (the replay assistant leaves out those it never
-    reads: 24 of a node's 76 bytes, in a graph of every rank of the job); None: all of them.
+    reads: 24 of a node's 76 bytes, in a graph of every rank of the job), and "kind"; None: all.
     """
     import zarr
 
-    wanted = tuple(COLUMNS) if columns is None else tuple(columns)
+    # "kind" always: the node count the rank offsets are checked against, and every reader's first column
+    wanted = tuple(COLUMNS) if columns is None else tuple(dict.fromkeys(("kind", *columns)))
     unknown = sorted(set(wanted) - set(COLUMNS))
     if unknown:
         raise ValueError(f"not columns of the trace schema: {unknown}")

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from prism_core.backend.compact import (
-    READY_KEY, CompactGloo, PrunedGroupError, existing_positions, members_key, publish,
+    READY_KEY, CompactGloo, PrunedGroupError, existing_positions, layer, members_key, named_members_key, publish,
 )
 from prism_core.backend.install import group_name_key
 
@@ -20,23 +20,42 @@ TIMEOUT = datetime.timedelta(seconds=10)
 def test_keys_name_a_rank_set_in_any_order_and_its_nth_group():
     assert members_key([3, 1, 2], 0) == members_key((1, 2, 3), 0) != members_key([1, 2, 3], 1)
     assert members_key([1, 2], 0) != members_key([1, 2, 3], 0)
+    assert named_members_key("3") != named_members_key("4")
     assert group_name_key([1, 2, 3], 0).startswith("prism/group_name/3/")    # the names' keys, as before
 
 
 def test_a_sandbox_rank_reads_the_positions_kept_and_none_for_a_whole_group():
     store = dist.HashStore()
     world, tp = list(range(16)), [4, 5]
-    assert publish(store, [(world, 0, [0, 1, 7, 8, 9]), (tp, 0, [0, 1]), (world, 1, list(range(16)))]) == 1
-    assert existing_positions(store, world, 0, TIMEOUT) == [0, 1, 7, 8, 9]
-    assert existing_positions(store, list(reversed(world)), 0, TIMEOUT) == [0, 1, 7, 8, 9]
-    assert existing_positions(store, tp, 0, TIMEOUT) is None            # nothing left out: whole
-    assert existing_positions(store, world, 1, TIMEOUT) is None         # the second group of the set
+    assert publish(store, [("0", world, 0, [0, 1, 7, 8, 9]), ("1", tp, 0, [0, 1]),
+                           ("2", world, 1, list(range(16)))]) == 1
+    assert existing_positions(store, "0", world, 0, TIMEOUT) == [0, 1, 7, 8, 9]
+    assert existing_positions(store, "0", list(reversed(world)), 0, TIMEOUT) == [0, 1, 7, 8, 9]
+    assert existing_positions(store, "1", tp, 0, TIMEOUT) is None            # nothing left out: whole
+    assert existing_positions(store, "2", world, 1, TIMEOUT) is None         # the second group of the set
     assert store.get(READY_KEY) == b"1"
 
 
+def test_a_named_group_is_found_by_its_name_and_an_expanded_one_by_its_rank_set():
+    store = dist.HashStore()
+    dp = [2, 6, 10, 14]
+    publish(store, [("5", list(range(16)), 1, [0, 1, 15]), (None, dp, 0, [0, 1])])
+    # the program made an unused group of the same rank set first ("4", absent from the graph):
+    # its nth is off by one, but the name finds the group the graph holds, and the unused one is whole
+    assert existing_positions(store, "5", list(range(16)), 2, TIMEOUT) == [0, 1, 15]
+    assert existing_positions(store, "4", list(range(16)), 1, TIMEOUT) is None
+    # a DP-expanded group: its c10d name is the program's own, its rank set and nth find it
+    assert existing_positions(store, "9", dp, 0, TIMEOUT) == [0, 1]
+
+
 def test_a_sandbox_rank_waits_for_the_assistant_to_say():
-    with pytest.raises(Exception, match="(?i)timeout|wait"):
-        existing_positions(dist.HashStore(), [0, 1, 2], 0, datetime.timedelta(milliseconds=200))
+    with pytest.raises(TimeoutError, match="group '3' of 3 ranks: the replay assistant did not say"):
+        existing_positions(dist.HashStore(), "3", [0, 1, 2], 0, datetime.timedelta(milliseconds=200))
+
+
+def test_a_layer_refuses_a_position_the_assistant_does_not_keep():
+    with pytest.raises(ValueError, match="position 4 is not among the 3 positions"):
+        layer(dist.HashStore(), 4, [0, 1, 7], TIMEOUT)
 
 
 def _compact_pair(positions: list[int]) -> list[CompactGloo]:

@@ -175,7 +175,7 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tm
         stats = json.loads((out / "replay" / "stats.json").read_text())
         assert stats["gloo_groups"] == len(neighbours), sandbox
         # the world group, pruned: its gloo layer holds the sandbox ranks and the neighbours only
-        assert stats["compact_groups"] == 1 and stats["gloo_members"] == len(neighbours) * (len(neighbours) + 2)
+        assert stats["compact_groups"] == 1 and stats["gloo_members"] == len(neighbours) * (len(neighbours) + len(sandbox))
         assert stats["gloo_loop_policies"] and set(stats["gloo_loop_policies"]) == {os.SCHED_IDLE}, \
             "every gloo device loop of the assistant in the idle class"
         placement = json.loads((out / "placement.json").read_text())

@@ -83,6 +83,7 @@ def test_only_the_columns_asked_for_are_loaded(tmp_path):
     assert np.array_equal(part.offsets, trace.offsets) and part.groups == trace.groups
     with pytest.raises(ValueError, match=r"not columns of the trace schema: \['label_text'\]"):
         load_trace(path, ["kind", "label_text"])
+    assert set(load_trace(path, ["op"]).columns) == {"kind", "op"}     # kind always: the node count
 
 
 def test_step_peaks_none_without_memory(tmp_path):
