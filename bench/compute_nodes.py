@@ -10,7 +10,7 @@ what computes beside the rank) from a cost after sleeping (only the nodes after 
 
 A last table sets, per config, the loaded run's compute over the record's (median over the kept
 pairs and ranks) beside the bytes the rank's ops carry a step: the co-runs' excess is largest where
-the ranks exchange the most, which are also the configs whose assistants work the most (README,
+the ranks exchange the most, which are also the configs whose assistants work the most (bench/MEASURED.md,
 item 34, where what it is not is measured).
 
     .venv/bin/python bench/compute_nodes.py KEEP        # KEEP: a `bench/fidelity.py --keep` directory

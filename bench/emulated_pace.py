@@ -3,7 +3,7 @@
 Per emulation (a pair's rank of interest): its error against the pair's second record; the pace
 its virtual ranks followed (`replay/stats.json` -> `follow_pace`, median and largest); its flight
 record's compute over its trace's (what the pace is read from against what the rank computed: a
-stop counted as compute reads above 1, README item 42); `s`, the rank's compute per step over the
+stop counted as compute reads above 1, bench/MEASURED.md item 42); `s`, the rank's compute per step over the
 second record's same rank; `a`, the alone factor its pace is read against (the calibrated
 timeline's `alone_span` over `span`, summed over the rank's compute nodes). A pace follows the
 host's drift where s = a; its virtual ranks compute about s / a too slow otherwise. Where the

@@ -4,7 +4,7 @@ the real run's compute spans (the communication and the calibration alone) and o
 with and without following the sandbox rank's pace, each with a bootstrap interval over the pairs.
 
 One run of five pairs on this machine moves a config's median by a few points from the run before
-(README, items 28-31): the pairs of runs of the same code pooled pin it better than any one run.
+(bench/MEASURED.md, items 28-31): the pairs of runs of the same code pooled pin it better than any one run.
 The logs this reads are the bench's printed output, kept in `bench/logs/`.
 
     .venv/bin/python bench/pool_fidelity.py bench/logs/fidelity_item28.log=not-following bench/logs/fidelity_item30.log ...

@@ -123,7 +123,7 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
     the machine of the same seconds. In plain turns a launch slower per step than another runs
     its later steps later, and a machine that slows meanwhile (here by 25-50% within a run)
     lands in more of its steps: a co-run took 61-63 turns to the record's 47-51 and ended 15-20 s
-    after it (README item 16).
+    after it (bench/MEASURED.md item 16).
 
     Each launch's stopped seconds so far are kept in `<log>.stopped`, named to it by
     `PRISM_STOPPED_FILE` and written before each continue: an emulation's assistant moves its
@@ -247,7 +247,7 @@ def unstop_run(run_dir: Path, stops: Stops) -> None:
         if len(columns.get("queued_node", ())):
             # A stop can come back as a wait for a core (the kernel's run delay): in the compute
             # nodes that held a stop (about 1% of them) lay 50-90% of a run's waits, and every
-            # wait over 50 ms (up to 650 ms; README item 15). A node's wait loses the time it
+            # wait over 50 ms (up to 650 ms; bench/MEASURED.md item 15). A node's wait loses the time it
             # was stopped.
             nodes = columns["queued_node"]
             held = stopped_within(columns["t_start"][nodes], columns["t_end"][nodes], stops)

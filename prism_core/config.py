@@ -123,7 +123,7 @@ class EmulationConfig(_Strict):
     pace_reference: Literal["alone", "loaded"] = Field(
         "loaded", description="what a followed pace is read against: loaded, the sandbox ranks' calibrated spans "
                               "(a neighbour computing beside them; an emulated rank computed 0.99 of its record's "
-                              "same rank, README items 42-43); alone, those spans times their plain slices' "
+                              "same rank, bench/MEASURED.md items 42-43); alone, those spans times their plain slices' "
                               "compute over their loaded runs' at equal waits (calibrate/durations.py "
                               "alone_factor), which read the emulated rank 4% too fast in item 42")
     pace_steps: int = Field(10, ge=1, description="a followed pace is read over up to this many steps of the sandbox "
@@ -133,13 +133,14 @@ class EmulationConfig(_Strict):
         "matched", description="what a timed run's virtual ranks compute each node in: steady, in steps after the "
                               "warm-up that run the rank's usual nodes, its position's trimmed mean over them, so "
                               "that a virtual rank's noise is not drawn apart from its sandbox peers' "
-                              "(replay/steady.py; README item 45); timed, the calibrated span of that node in that "
-                              "step, one draw of the timing run's noise, which virtual ranks waiting for each other "
-                              "need; paired, steady for the virtual ranks whose every peer is a sandbox rank and "
-                              "timed for the rest; matched, as paired, but each steady rank keeps the share of its "
-                              "timed noise that the calibrated timeline shows its sandbox peers do not share with "
-                              "it, counted as far as the timeline runs their nodes at once (steady.py shared_noise, "
-                              "kept_noise: none where they share half or more; README items 47-49)")
+                              "(replay/steady.py; bench/MEASURED.md item 45); timed, the calibrated span of that "
+                              "node in that step, one draw of the timing run's noise, which virtual ranks waiting "
+                              "for each other need; paired, steady for the virtual ranks whose every peer is a "
+                              "sandbox rank and timed for the rest; matched, as paired, but each steady rank keeps "
+                              "the share of its timed noise that the calibrated timeline shows its sandbox peers "
+                              "do not share with it, counted as far as the timeline runs their nodes at once "
+                              "(steady.py shared_noise, kept_noise: none where they share half or more; "
+                              "bench/MEASURED.md items 47-49)")
     build_ahead: bool = Field(True, description="a timed run builds what its virtual ranks send in a ring (the "
                                                 "partials folded from the tensor cache) while they compute up to "
                                                 "the op, as a real rank has its data at hand when it arrives "

@@ -5,7 +5,7 @@ virtual ranks next to them in its rings and trees (paper §6.3). Made as c10d ma
 group would still have every member: gloo's TCP context builds one pair object per member, about
 1.4 KiB each even when lazily connected, so the replay assistant, which makes one such group for
 each virtual member it keeps, grew by some 4 KiB per rank of the job (65 MiB at W=16,384 with
-three of them; README, item 52's scale run). Here the group's gloo layer has only the
+three of them; bench/MEASURED.md, item 52's scale run). Here the group's gloo layer has only the
 members that exist, at compact ranks 0..k-1 in group order, and the prism backend's
 point-to-point links map group positions onto them; the group the program sees keeps its rank
 and size.

@@ -3,7 +3,7 @@
 A compute node that follows a longer wait (the time since its rank's previous compute node ended)
 takes longer: on this machine, whose idle cores halt, each microsecond a rank waited more before a
 node than it did in `prism record` added 0.05-0.24 us to the node, up to some 150-500 us after waits
-of milliseconds (README item 35). A co-run's members wait longer than the real job's ranks
+of milliseconds (bench/MEASURED.md item 35). A co-run's members wait longer than the real job's ranks
 (their virtual peers go on the wire a few hundred microseconds after their counterparts issue), so
 their compute came out 2-6% over the record's on tp2 and ep2, though each node ran the same code.
 
@@ -37,7 +37,7 @@ OUTLIER_S = 1e-3
 MIN_NODES = 200
 FIT_NODES = 200_000     # the fit reads the first ranks' nodes up to this many
 # a span moves by at most this share of itself: a node of a few microseconds cannot give back a
-# cost fitted on nodes of milliseconds (the cost grows with the node: README item 35)
+# cost fitted on nodes of milliseconds (the cost grows with the node: bench/MEASURED.md item 35)
 MAX_SHARE = 0.5
 
 

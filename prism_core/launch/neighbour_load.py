@@ -24,7 +24,7 @@ idle (`haltpoll.guest_halt_poll_ns=0` on the kernel's command line), and a threa
 that idled milliseconds answers late: a plain slice's virtual peer, waiting blocked from its
 early arrival while its sandbox rank computed, had ep2's plain slices time a median 12.9 ms a step
 more communication than the record's 38-51 ms (90 steps, eight comparisons); beside the spin,
-4.0 ms more (README, item 23). A thread of the idle class woken on the spun core (the assistant's
+4.0 ms more (bench/MEASURED.md, item 23). A thread of the idle class woken on the spun core (the assistant's
 gloo loops) does not preempt the spin: it gets the core at the next yield, about a microsecond
 later; a busy loop without the yields held it for the scheduler's tick (2.5 ms an op).
 

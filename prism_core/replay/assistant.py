@@ -45,14 +45,14 @@ MAX_LEAD_S = 2e-3        # timed mode: the most a rank's timer fires ahead of it
 # is moved towards in steps of LEAD_STEP_S (`moved_lead`). Early costs only a hold, late delays the
 # op, so the lead aims at a high quantile of the wake-up's lateness, not at its mean: moved a tenth
 # of each lateness, half of ep2's ops came late, 0.06 ms on average, its virtual peer issuing 5-6 ms
-# a step after its clock (README, item 51)
+# a step after its clock (bench/MEASURED.md, item 51)
 LATE_SHARE = 0.1
 LEAD_STEP_S = 5e-6
 # timed mode: the ring parts of the ops a virtual rank reaches within this much calibrated compute
 # after the node it computes now are built while it computes (at most AHEAD_OPS ops). Built when the
 # op came due, a dp2 emulation's 1 MB and 3 MB gradient all-reduces reached the wire a median 0.9
 # and 3.1 ms after their clock (the cache's tensors read, the ring's partials folded), each step,
-# and the rank of interest waited that long for its virtual peer (README, item 38). Counted in ops
+# and the rank of interest waited that long for its virtual peer (bench/MEASURED.md, item 38). Counted in ops
 # instead (the next four), the next step's 3 MB build ran in the 0.8 ms between the two and made the
 # rank late there; by calibrated time it runs in the long backward before them.
 AHEAD_S = 0.02
@@ -60,7 +60,7 @@ AHEAD_OPS = 16
 # ... and only the parts that read at least this much of the cache (the op's bytes times its group's
 # members, whose partials are folded): tp2's 128-256 KB parts took 0.08-0.15 ms at the op, inside the
 # timer's lead, and built ahead on the second thread its emulations came 1.2-2.1 points higher in
-# all four pairs of README item 39 (item 40)
+# all four pairs of bench/MEASURED.md item 39 (item 40)
 AHEAD_MIN_BYTES = 1 << 20
 # ... the others (a gloo op's spec and cached inputs, a small ring part's buffers) are prepared on
 # the loop's thread while nothing is due for at least PREP_S (`_prep_while_idle`): prepared at the op,

@@ -4,7 +4,7 @@ In the job a rank's core is busy while the rank computes and idles once the rank
 late peer; on this machine an idle core halts at once, and a thread woken on a core that idled
 answers late, more so the longer it idled and the busier the host (the record's transfers after a
 skew of a millisecond or more ran a median 0.3-1.5 ms longer than a plain slice's with a spun
-peer; README, item 25). A timed assistant (an emulation, a second timing pass) sleeps through
+peer; bench/MEASURED.md, item 25). A timed assistant (an emulation, a second timing pass) sleeps through
 its virtual ranks' compute, so without a spin its core would idle through the compute and the
 wait alike (late answers after every compute span), and with a spin through both it would never
 answer late. `CoreSpin` tells the spins on its cores (launch/neighbour_load.py `--control`) to

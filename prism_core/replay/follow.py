@@ -10,7 +10,7 @@ its compute over about its last `emulation.pace_steps` steps with a reference fo
 nodes; each virtual compute node then takes its calibrated span times that pace. The calibrated
 spans are the loaded runs' (a neighbour computing beside the rank), and they are the reference by
 default (`emulation.pace_reference: loaded`): an emulated rank computed a median 0.994 of its second
-record's same rank (README item 42, 40 emulations), nearly as its loaded runs did. The other
+record's same rank (bench/MEASURED.md item 42, 40 emulations), nearly as its loaded runs did. The other
 reference (`alone`) is those spans times each rank's plain compute over its loaded compute at
 equal waits (the timeline's `alone_span`, calibrate/durations.py `alone_factor`); it assumed an
 emulated rank computes as fast as a plain slice's, which held in items 30 and 36 (0.97-0.98 of

@@ -4,7 +4,7 @@ position's trimmed mean over those steps, not the span one step of the timing ru
 A virtual rank's calibrated span for one node of one step is one draw of this machine's noise, from
 the slices minutes earlier. Node by node it says next to nothing about the same node in another run:
 its deviation from its position's median correlated -0.01 / +0.10 / +0.01 / +0.00 (dp2 / ep2 / pp2 /
-tp2, medians of 8) with the same rank's in `prism record` (README item 45, `bench/node_noise.py`).
+tp2, medians of 8) with the same rank's in `prism record` (bench/MEASURED.md item 45, `bench/node_noise.py`).
 Yet the real ranks of one run share much of theirs: 0.69 / 0.51 / 0.10 / 0.62 (the machine's slow
 spells slow both cores at once; pp2's stages compute other nodes at the same moment). Replayed as
 timed, a virtual rank's noise is drawn apart from its sandbox peer's, the two leave a collective
@@ -44,7 +44,7 @@ their length (ep2 / tp2 / dp2; 0.3 ms apart, the relay through the assistants) w
 like the record's, overlap 0.84-0.86 / 0.86-0.89 / 0.42-0.47 (pp2's stages: 0.02-0.04 both). So
 `shared_noise` takes the co-run's rho times the timeline's overlap over the co-run's: 0.10-0.19 /
 0.36-0.55 / 0.52-0.80 / 0.57-0.92 on those pairs (`bench/shared_noise.py`, its slices calibrated
-again; README item 49). It is not all of it: ep2's and tp2's co-runs share less even at the nodes
+again; bench/MEASURED.md item 49). It is not all of it: ep2's and tp2's co-runs share less even at the nodes
 that did overlap (the shared product grew 0.1-0.7 per unit of a node's overlap, dp2's 0.8-2.0 and
 pp2's 1.4-3.9, items 47-49), so ep2's rho stayed under the record's, and its w (0-0.56 over 15
 pairs, 13 of them 0.29 or more) over what the record's rho gives (0-0.39).

@@ -12,7 +12,7 @@ the moment the backend handed the op over to the wire (a ring's thread starting 
 into gloo beginning), in `wire_node` / `wire_t`: what the rank's own issue cost before its op could move.
 Beside every compute node, the CPU time the recording thread itself ran within it (its thread CPU
 clock), in `oncpu_node` / `oncpu_s`: a span longer than another run's at the same node splits into
-this, the wait for a core, and time blocked (README, item 34).
+this, the wait for a core, and time blocked (bench/MEASURED.md, item 34).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Recorder:
         """Now, and the launch's stopped seconds so far (0 where it is not stopped from outside),
         read with no stop between the two. The total is written before each continue, so a stop
         that fell between reading the time and reading the total came back as compute: the
-        whole stop, 0.5 s, in 2 of 64 emulations of bench/fidelity.py (README item 42), whose
+        whole stop, 0.5 s, in 2 of 64 emulations of bench/fidelity.py (bench/MEASURED.md item 42), whose
         pace then read up to 1.39 and 1.96 for ten steps, and their virtual ranks computed that
         much slower. A total that moved while the time was read is read again."""
         if self.stopped is None:
