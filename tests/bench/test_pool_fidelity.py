@@ -70,7 +70,9 @@ def test_the_kept_logs_parse():
         cols = parse(log)
         # a run of the bench may take only some configs (`--configs`: item 34's took ep2 and tp2)
         assert cols and set(cols) <= {f"tiny_moe_w2_{c}" for c in ("pp2", "dp2", "tp2", "ep2")}, log
-        assert all(len(c["predicted"]) >= 2 for c in cols.values()), log
+        # a run stopped early (`_partial`) may have reached its last config's first pair only
+        least = 1 if log.stem.endswith("_partial") else 2
+        assert all(len(c["predicted"]) >= least for c in cols.values()), log
 
 
 def test_the_pace_line_fidelity_prints_is_the_one_pooled(tmp_path: Path):
