@@ -159,6 +159,11 @@ def test_sigterm_stops_a_run_and_every_rank_it_started(tmp_path):
         time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)      # as process managers do; the second must not cut the stop short
         proc.wait(timeout=60)
+    except BaseException:
+        # failing before prism stopped itself: its own children (a Prefect server above all) go too
+        for p in _processes_with_env("HANG_FLAG", str(flag)):
+            p.kill()
+        raise
     finally:
         if proc.poll() is None:
             proc.kill()
