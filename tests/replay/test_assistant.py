@@ -75,8 +75,14 @@ def test_the_lead_settles_where_the_share_of_late_ops_is_asked_for():
 def test_resident_bytes_reads_this_processs_resident_memory():
     from prism_core.replay.assistant import resident_bytes
 
+    import mmap
+
     before = resident_bytes()
-    block = bytearray(64 * 2**20)            # 64 MiB written: resident
-    block[::4096] = b"x" * len(block[::4096])
+    # 64 MiB written into a mapping of its own: a bytearray can reuse heap pages already resident
+    # (it did in a pytest-xdist worker that had freed much), a new anonymous mapping cannot
+    block = mmap.mmap(-1, 64 * 2**20)
+    for at in range(0, len(block), mmap.PAGESIZE):
+        block[at] = 1
     after = resident_bytes()
+    block.close()
     assert before is not None and after - before >= 48 * 2**20
