@@ -133,9 +133,15 @@ class _Handle:
 
     def __init__(self):
         self.done = False
-        self.waiters: list[int] = []
+        self.waiters: list[int] | None = None    # made by the first rank to wait (most ops have none)
         self.keep = None
         self.when: float | None = None   # completion time, when known
+
+    def wait_by(self, rank: int) -> None:
+        if self.waiters is None:
+            self.waiters = [rank]
+        else:
+            self.waiters.append(rank)
 
 
 class _Local:
@@ -230,7 +236,11 @@ def _pruning(trace, groups: set[int], ring: np.ndarray, sandbox: set[int]) -> _P
     with_ring = set(np.unique(c["group"][rings]).tolist()) & groups
     tree_roots: dict[int, set[int]] = {}
     idx = np.nonzero(tree & np.isin(c["group"], list(groups)))[0]
-    for g, kind, peer in set(zip(c["group"][idx].tolist(), ring[idx].tolist(), c["peer"][idx].tolist())):
+    # one row per distinct (group, tree kind, root): a set of Python tuples over every node held
+    # megabytes at thousands of ranks
+    rows = np.unique(np.stack([c["group"][idx].astype(np.int64), ring[idx].astype(np.int64),
+                               c["peer"][idx].astype(np.int64)], axis=1), axis=0)
+    for g, kind, peer in rows.tolist():
         root = 0 if RING_KINDS[kind] == "tree_allreduce" else trace.groups[g].index(peer)
         tree_roots.setdefault(g, set()).add(root)
     p2p_peers: dict[int, set[int]] = {}
@@ -239,7 +249,9 @@ def _pruning(trace, groups: set[int], ring: np.ndarray, sandbox: set[int]) -> _P
         ranks = node_ranks(trace)[idx]
         peers = c["peer"][idx]
         mine = np.isin(ranks, list(sandbox))
-        for g, peer in set(zip(c["group"][idx][mine].tolist(), peers[mine].tolist())):
+        rows = np.unique(np.stack([c["group"][idx][mine].astype(np.int64), peers[mine].astype(np.int64)], axis=1),
+                         axis=0)
+        for g, peer in rows.tolist():
             if peer not in sandbox:
                 p2p_peers.setdefault(g, set()).add(peer)
     return _Pruning(set(groups) - set(other.tolist()), with_barrier, with_ring, tree_roots, p2p_peers)
@@ -296,12 +308,12 @@ class Assistant:
         self.match = match_ops(trace)
         self.inputs = Inputs(cache_root, range(trace.world_size))
         self.arrivals = np.full(len(trace.columns["kind"]), np.nan)
-        self.real_groups = {g for g, members in enumerate(trace.groups) if self.sandbox & set(members)}
+        self.real_groups = {g for g, members in enumerate(trace.groups) if not self.sandbox.isdisjoint(members)}
         self.ring = ring_nodes(trace)
         self.pruning = _pruning(trace, self.real_groups, self.ring, self.sandbox)
         self.rings: dict[int, _RingOp] = {}      # op id -> ring or tree op in progress
         self._positions: dict[int, frozenset[int]] = {}   # group -> its sandbox ranks' positions
-        self._index: dict[int, dict[int, int]] = {}        # group -> rank -> position
+        self._index: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # group -> its ranks sorted, their positions
         self._shapes: dict[int, object] = {}
         self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
         self.moves: list = []                    # barrier tokens in flight (the run ends after them)
@@ -317,7 +329,7 @@ class Assistant:
         self.model = model        # timed mode: the calibrated NodeModel (spans, transfers); None: structure
         self.timers: list = []
         self._timer_seq = 0
-        self.clock: dict[int, float] = {}
+        self.clock: list[float] = []   # per rank (sandbox ranks' unused): a list, not a dict, at 16,384 ranks
         # timed mode: a rank's timer fires `lead` s before its clock, so that the gloo op it
         # issues next reaches gloo on time; fed back from each such issue (see _issued_on_time)
         self.lead = 0.0
@@ -427,11 +439,18 @@ class Assistant:
         return [members[p] for p in sorted(needed) if members[p] not in self.sandbox]
 
     def _position(self, g: int, rank: int) -> int:
-        """`rank`'s position in group `g` (a dict per group: `tuple.index` is O(W) per call)."""
+        """`rank`'s position in group `g`; KeyError if it is not a member. By bisection in the group's
+        ranks sorted (`tuple.index` is O(W) per call; a dict per group held 1 MiB at W=16,384)."""
         found = self._index.get(g)
         if found is None:
-            found = self._index[g] = {r: p for p, r in enumerate(self.trace.groups[g])}
-        return found[rank]
+            ranks = np.asarray(self.trace.groups[g], dtype=np.int64)
+            order = np.argsort(ranks, kind="stable")
+            found = self._index[g] = (ranks[order], order)
+        ranks, order = found
+        j = int(np.searchsorted(ranks, rank))
+        if j == len(ranks) or ranks[j] != rank:
+            raise KeyError(rank)
+        return int(order[j])
 
     def _sandbox_positions(self, g: int) -> frozenset[int]:
         found = self._positions.get(g)
@@ -451,10 +470,11 @@ class Assistant:
         c = self.trace.columns
         kind, async_, ref = c["kind"], c["async_"], c["ref"]
         span = self.model.span if self.model is not None else None
-        pos = {r: int(self.trace.offsets[r]) for r in self.virtual}
-        end = {r: int(self.trace.offsets[r + 1]) for r in self.virtual}
+        # per rank (lists, not dicts: at W=16,384 each dict held a MiB)
+        pos = self.trace.offsets[:-1].tolist()
+        end = self.trace.offsets[1:].tolist()
         handles: dict[int, dict[int, _Handle]] = {}      # rank -> its async ops not yet waited for
-        blocked: dict[int, tuple[int, str]] = {}
+        blocked: dict[int, int] = {}     # rank -> the node it is blocked at (`_report` says how)
         ready = deque(self.virtual)
         remaining = len(self.virtual)
         deadline = time.monotonic() + self.timeout_s
@@ -464,7 +484,7 @@ class Assistant:
         # timed mode: each rank's own clock, the ideal end of its previous node, so that late
         # wake-ups do not add up over thousands of nodes
         start = time.perf_counter()
-        self.clock = dict.fromkeys(self.virtual, start)
+        self.clock = [start] * self.trace.world_size
         if self.stopped is not None:           # stops before the replay began move nothing
             self._slipped = self._stop_base = self.stopped.total()
         while remaining:
@@ -484,7 +504,7 @@ class Assistant:
                             wake = self.clock[r] - self.lead + (self._wire_cost(i) if i < end[r] else 0.0)
                             if wake > time.perf_counter():
                                 self._at(wake, r)
-                                blocked[r] = (i - 1, "computing at")
+                                blocked[r] = i - 1
                                 self._build_ahead(r, i)
                                 break
                         continue
@@ -493,8 +513,8 @@ class Assistant:
                         if async_[i]:
                             handles.setdefault(r, {})[i - base] = h
                         elif not h.done:
-                            h.waiters.append(r)
-                            blocked[r] = (i, "in")
+                            h.wait_by(r)
+                            blocked[r] = i
                             i += 1
                             break
                         i += 1
@@ -503,8 +523,8 @@ class Assistant:
                     self._woken.pop(r, None)
                     i += 1
                     if not h.done:
-                        h.waiters.append(r)
-                        blocked[r] = (base + int(ref[i - 1]), "waiting for")
+                        h.wait_by(r)
+                        blocked[r] = base + int(ref[i - 1])
                         break
                 pos[r] = i
                 if i >= end[r] and r not in blocked:
@@ -572,8 +592,9 @@ class Assistant:
         if d <= 0:
             return
         self._slipped = total
-        for r in self.clock:
-            self.clock[r] += d
+        clock = self.clock
+        for r in range(len(clock)):
+            clock[r] += d
         self.timers = [(when + d, seq, what) for when, seq, what in self.timers]    # a uniform shift keeps the heap
         for _, _, what in self.timers:
             if isinstance(what, _Handle) and what.when is not None:
@@ -626,21 +647,26 @@ class Assistant:
     def _finish(self, h: _Handle, ready: deque) -> None:
         h.done = True
         h.keep = None
+        if not h.waiters:
+            return
         when = h.when if h.when is not None else time.perf_counter()
-        if h.waiters and h.when is not None:
+        if h.when is not None:
             self.holds.resumed.append(time.perf_counter() - h.when)
         for r in h.waiters:
             self.clock[r] = max(self.clock[r], when)
         ready.extend(h.waiters)
-        h.waiters = []
+        h.waiters = None
 
-    def _report(self, blocked: dict[int, tuple[int, str]]) -> str:
-        from prism_core.trace.schema import OPS
+    def _report(self, blocked: dict[int, int]) -> str:
+        from prism_core.trace.schema import COMPUTE, OPS
 
         c = self.trace.columns
-        lines = [f"virtual rank {r} blocked {how} {OPS[c['op'][i]]} #{c['seq'][i]} of group "
+
+        def how(i: int) -> str:          # a wait names its async op's node; a blocking op, its own
+            return "computing at" if c["kind"][i] == COMPUTE else "waiting for" if c["async_"][i] else "in"
+        lines = [f"virtual rank {r} blocked {how(i)} {OPS[c['op'][i]]} #{c['seq'][i]} of group "
                  f"{list(self.trace.groups[c['group'][i]])} (name {self.trace.group_names[c['group'][i]]!r}, "
-                 f"{c['bytes'][i]} B)" for r, (i, how) in sorted(blocked.items())[:20]]
+                 f"{c['bytes'][i]} B)" for r, i in sorted(blocked.items())[:20]]
         return (f"replay did not finish within {self.timeout_s:g} s; " + ("; ".join(lines) or
                 "no virtual rank is blocked"))
 
@@ -982,7 +1008,7 @@ class Assistant:
         kind = RING_KINDS[self.ring[i]]
         root = 0 if kind == "tree_allreduce" else self._position(g, int(c["peer"][i]))
         parts = sorted(tree_neighbours(len(members), root, set(sandbox)))
-        nodes = dict(self._member_nodes(i, members))
+        nodes = tree.nodes          # every virtual member's node: the parts' and every input loaded are theirs
         self._share_due(tree.nodes.values(), [nodes[members[p]] for p in parts])
         if not parts:
             self._ring_done(tree)
@@ -992,8 +1018,13 @@ class Assistant:
         shared = TreeOp(kind, len(members), root, sandbox, REDUCE_OPS[c["reduce"][i]], numel, getattr(torch, dtype),
                         load=lambda p: self._member_input(members[p], nodes[members[p]], numel, dtype))
         queued = [(p, shared.part(p)) for p in parts]
+        # members waiting for the same parts complete together: one callback per distinct wait,
+        # not a closure per member (thousands at W=16,384)
+        by_wait: dict[tuple, list[_Handle]] = {}
         for member, handle in zip(tree.nodes, tree.handles):
-            self._complete_after(handle, shared.depends(self._position(g, member)))
+            by_wait.setdefault(tuple(shared.depends(self._position(g, member))), []).append(handle)
+        for futures, handles in by_wait.items():
+            self._complete_after(handles, futures)
         for p, part in queued:
             self._enqueue((members[p], g, "tree"), (nodes[members[p]], part, None, None))
 
@@ -1033,10 +1064,10 @@ class Assistant:
         else:
             self.pool.submit(self._drain, key)
 
-    def _complete_after(self, h: _Handle, futures: list) -> None:
-        """Complete `h` when every future is done (at once, with none)."""
+    def _complete_after(self, handles: list[_Handle], futures: tuple) -> None:
+        """Complete `handles` when every future is done (at once, with none)."""
         if not futures:
-            self._done_at(h)
+            self._done_at(*handles)
             return
         left = [len(futures)]
         lock = threading.Lock()
@@ -1046,7 +1077,7 @@ class Assistant:
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                self._done_at(h)
+                self._done_at(*handles)
         for f in futures:
             f.add_done_callback(one_more)
 
@@ -1177,9 +1208,11 @@ class Assistant:
             splits.append(s)
         return splits, row_bytes
 
-    def _done_at(self, h: _Handle) -> None:
-        h.when = time.perf_counter()
-        self.events.put(h)
+    def _done_at(self, *handles: _Handle) -> None:
+        now = time.perf_counter()
+        for h in handles:
+            h.when = now
+            self.events.put(h)
 
     def _cached_as(self, rank: int, i: int) -> tuple[int, str]:
         """Whose cache entry holds what `rank` sends at node `i`: its own, or, for a rank that a DP

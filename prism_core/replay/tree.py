@@ -114,7 +114,11 @@ class TreeOp:
             lo, hi = 2 * lo + 1, 2 * hi + 2
         below = None                                 # values of the level under the current one
         for lo, hi in reversed(levels):
-            acc = torch.stack([self.load((root + j) % k) for j in range(lo, hi + 1)])
+            # row by row into one tensor: a list of every position's loaded tensor, stacked, held
+            # thousands of tensor objects at once at W=16,384
+            acc = torch.empty((hi - lo + 1, self.numel), dtype=self.dtype)
+            for j in range(lo, hi + 1):
+                acc[j - lo] = self.load((root + j) % k)
             if below is not None:
                 child_lo = 2 * lo + 1
                 j = torch.arange(lo, hi + 1)

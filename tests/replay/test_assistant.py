@@ -86,3 +86,50 @@ def test_resident_bytes_reads_this_processs_resident_memory():
     after = resident_bytes()
     block.close()
     assert before is not None and after - before >= 48 * 2**20
+
+
+def _blocked_graph():
+    """Three ranks on one group listed out of order (2, 0, 1): per rank a compute node, a blocking
+    all-reduce, an async all-reduce and its wait."""
+    from prism_core.trace import Trace
+    from prism_core.trace.schema import COLUMNS, COMM, COMPUTE, OP_CODE, WAIT
+
+    kinds = [COMPUTE, COMM, COMM, WAIT]
+    n = len(kinds) * 3
+    c = {name: np.zeros(n, dtype=dtype) for name, dtype in COLUMNS.items()}
+    c["kind"][:] = np.tile(kinds, 3)
+    c["op"][:] = np.tile([0, OP_CODE["allreduce"], OP_CODE["allreduce"], 0], 3)
+    c["seq"][:] = np.tile([-1, 0, 1, -1], 3)
+    c["async_"][:] = np.tile([0, 0, 1, 0], 3)
+    c["ref"][:] = np.tile([-1, -1, -1, 2], 3)
+    c["bytes"][:] = np.tile([0, 4, 4, 0], 3)
+    return Trace(world_size=3, columns=c, offsets=np.arange(0, n + 1, len(kinds), dtype=np.int64),
+                 groups=[(2, 0, 1)], group_names=["0"], labels=[""], dtypes=[""], step_peaks=[[]] * 3)
+
+
+def test_a_ranks_position_is_its_place_in_the_groups_listing():
+    from prism_core.replay.assistant import Assistant
+
+    a = object.__new__(Assistant)        # only the group table: no replay
+    a.trace, a._index = _blocked_graph(), {}
+    assert [a._position(0, r) for r in (0, 1, 2)] == [1, 2, 0]
+    a.trace.groups.append((5, 3))
+    assert a._position(1, 3) == 1 and a._position(1, 5) == 0
+    for outsider in (4, 6, -1):
+        with pytest.raises(KeyError):
+            a._position(1, outsider)
+
+
+def test_the_timeout_report_says_where_each_blocked_rank_is():
+    from prism_core.replay.assistant import Assistant
+
+    a = object.__new__(Assistant)
+    a.trace, a.timeout_s = _blocked_graph(), 5.0
+    # rank 0 computing at its node 0, rank 1 in its blocking all-reduce, rank 2 waiting for its async one
+    text = a._report({2: 8 + 2, 0: 0, 1: 4 + 1})
+    assert text.startswith("replay did not finish within 5 s; ")
+    assert "virtual rank 0 blocked computing at" in text
+    assert "virtual rank 1 blocked in allreduce #0 of group [2, 0, 1]" in text
+    assert "virtual rank 2 blocked waiting for allreduce #1 of group [2, 0, 1]" in text
+    assert text.index("rank 0") < text.index("rank 1") < text.index("rank 2")
+    assert a._report({}).endswith("no virtual rank is blocked")

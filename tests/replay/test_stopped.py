@@ -141,7 +141,7 @@ def test_a_completion_after_a_stop_is_not_moved_by_it(tmp_path):
     a = object.__new__(Assistant)       # only the loop's times: no graph, no gloo
     a.events, a.timers, a._targets, a._due, a._woken = queue.SimpleQueue(), [], {}, {}, {}
     a.stopped, a._slipped, a.holds = StoppedTime(path), 0.0, _Holds()
-    a.clock = {1: 10.0}                 # rank 1 issued its op at 10.0; the launch then stopped 0.3 s
+    a.clock = [0.0, 10.0]               # rank 1 issued its op at 10.0; the launch then stopped 0.3 s
     write_stopped(path, 0.3)            # the stopper writes before it continues the launch
     done = _Handle()
     done.waiters, done.when = [1], 10.35     # the op completed after the continue
