@@ -74,6 +74,8 @@ REPLAY_COLUMNS = ("kind", "op", "group", "peer", "bytes", "dtype", "seq", "tag",
                   "reduce", "splits")
 
 
+DICT_MEMBERS = 1024       # `_position`: groups up to this size look positions up in a dict
+
 HOLD_SPIN_S = 100e-6     # the end of a hold is spun, as a sleep overshoots by about half that
 
 
@@ -313,7 +315,7 @@ class Assistant:
         self.pruning = _pruning(trace, self.real_groups, self.ring, self.sandbox)
         self.rings: dict[int, _RingOp] = {}      # op id -> ring or tree op in progress
         self._positions: dict[int, frozenset[int]] = {}   # group -> its sandbox ranks' positions
-        self._index: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # group -> its ranks sorted, their positions
+        self._index: dict[int, dict | tuple[np.ndarray, np.ndarray]] = {}   # group -> positions (`_position`)
         self._shapes: dict[int, object] = {}
         self.barriers: dict[int, object] = {}    # op id -> PrunedBarrier in progress
         self.moves: list = []                    # barrier tokens in flight (the run ends after them)
@@ -439,13 +441,21 @@ class Assistant:
         return [members[p] for p in sorted(needed) if members[p] not in self.sandbox]
 
     def _position(self, g: int, rank: int) -> int:
-        """`rank`'s position in group `g`; KeyError if it is not a member. By bisection in the group's
-        ranks sorted (`tuple.index` is O(W) per call; a dict per group held 1 MiB at W=16,384)."""
+        """`rank`'s position in group `g`; KeyError if it is not a member. `tuple.index` is O(W) per
+        call: a dict for a group of up to DICT_MEMBERS (a lookup per gloo op), bisection in the
+        group's sorted ranks for a larger one (a dict of 16,384 ranks held a MiB)."""
         found = self._index.get(g)
         if found is None:
-            ranks = np.asarray(self.trace.groups[g], dtype=np.int64)
-            order = np.argsort(ranks, kind="stable")
-            found = self._index[g] = (ranks[order], order)
+            members = self.trace.groups[g]
+            if len(members) <= DICT_MEMBERS:
+                found = {r: p for p, r in enumerate(members)}
+            else:
+                ranks = np.asarray(members, dtype=np.int64)
+                order = np.argsort(ranks, kind="stable")
+                found = (ranks[order], order)
+            self._index[g] = found
+        if isinstance(found, dict):
+            return found[rank]
         ranks, order = found
         j = int(np.searchsorted(ranks, rank))
         if j == len(ranks) or ranks[j] != rank:

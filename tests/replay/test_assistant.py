@@ -107,9 +107,12 @@ def _blocked_graph():
                  groups=[(2, 0, 1)], group_names=["0"], labels=[""], dtypes=[""], step_peaks=[[]] * 3)
 
 
-def test_a_ranks_position_is_its_place_in_the_groups_listing():
+@pytest.mark.parametrize("dict_members", [1024, 0])     # looked up in a dict, or by bisection
+def test_a_ranks_position_is_its_place_in_the_groups_listing(monkeypatch, dict_members):
+    from prism_core.replay import assistant
     from prism_core.replay.assistant import Assistant
 
+    monkeypatch.setattr(assistant, "DICT_MEMBERS", dict_members)
     a = object.__new__(Assistant)        # only the group table: no replay
     a.trace, a._index = _blocked_graph(), {}
     assert [a._position(0, r) for r in (0, 1, 2)] == [1, 2, 0]
