@@ -153,7 +153,7 @@ def test_sigterm_stops_a_run_and_every_rank_it_started(tmp_path):
         deadline = time.monotonic() + 120
         while not (tmp_path / "pids" / "1").exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
-        assert (tmp_path / "pids" / "1").exists(), "the slice's rank 1 never started"
+        assert (tmp_path / "pids" / "1").exists(), "the slice's rank 1 never started\n" + _log_tails(tmp_path)
         time.sleep(1.0)                       # rank 1 is asleep inside a slice running on a Dask thread
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.05)
@@ -177,6 +177,15 @@ def test_sigterm_stops_a_run_and_every_rank_it_started(tmp_path):
     for p in left:
         p.kill()
     assert not left, f"left running after prism exited: {[' '.join(p.cmdline()) for p in left]}"
+
+
+def _log_tails(root, lines: int = 40) -> str:
+    """The end of every launch log under `root` (a rank whose exit stalls writes its stacks there)."""
+    out = []
+    for path in sorted(root.glob("artifacts/**/logs/*.log")):
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"--- {path.relative_to(root)}\n" + "\n".join(text))
+    return "\n".join(out) or f"no launch log under {root}"
 
 
 def _processes_with_env(name: str, value: str) -> list:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import ctypes
+import faulthandler
 import importlib
 import json
 import os
@@ -31,6 +32,9 @@ ENV_INSTRUMENT = "PRISM_INSTRUMENT"  # "1": prism backend + trace + flight recor
 ENV_MEMORY = "PRISM_MEMORY"          # "1": count live tensor bytes with the native allocator
 ENV_CAPACITY = "PRISM_DEVICE_MEMORY_BYTES"
 PR_SET_PDEATHSIG = 1
+# a rank still running this long after its result is on disk has its threads' stacks written to
+# its log: the launch waits for every rank's exit code, so a hang in the exit holds all of it
+EXIT_STALL_S = 30.0
 
 
 def _die_with_launcher() -> None:
@@ -104,6 +108,8 @@ def run_rank(program: str, args: list[str], result_dir: Path, transport=None) ->
     if failure is not None:
         result["oom"] = failure.get("oom")
     runtime.write_json_atomic(result_dir / "results" / f"{rank}.json", result)
+    if transport is None:      # a launched rank (collection's forks flush the tensor cache after this)
+        _stacks_if_exit_stalls()
     if failure is not None:
         _fail(result_dir, rank, failure)
     # Run the program's atexit handlers, then leave without interpreter finalisation: with gloo, a
@@ -147,6 +153,17 @@ def _program_traceback(exc: BaseException) -> str:
     frames = [f for f in te.stack if f.filename != __file__ and not f.filename.startswith("<frozen runpy")]
     te.stack = traceback.StackSummary.from_list(frames)
     return "".join(te.format())
+
+
+def _stacks_if_exit_stalls(after_s: float = EXIT_STALL_S) -> None:
+    """Arm Python's fault handler to write every thread's stack to stderr (the rank's log) if the
+    process has not left `after_s` from now; nothing happens if it leaves first."""
+    stream = sys.__stderr__
+    try:
+        if stream is not None:
+            faulthandler.dump_traceback_later(after_s, exit=False, file=stream)
+    except (OSError, ValueError, AttributeError):     # no file descriptor behind stderr
+        pass
 
 
 def _fail(result_dir: Path, rank: int, failure: dict) -> None:
