@@ -1019,7 +1019,7 @@ class Assistant:
         root = 0 if kind == "tree_allreduce" else self._position(g, int(c["peer"][i]))
         parts = sorted(tree_neighbours(len(members), root, set(sandbox)))
         nodes = tree.nodes          # every virtual member's node: the parts' and every input loaded are theirs
-        self._share_due(tree.nodes.values(), [nodes[members[p]] for p in parts])
+        self._share_due(nodes.values(), [nodes[members[p]] for p in parts])
         if not parts:
             self._ring_done(tree)
             return
