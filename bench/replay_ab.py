@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fidelity import _rank_figure as figure    # a run's rank's median step after the warm-up
 from kept import kept_pairs, warmup_steps
 from turns import take_turns, unstop_run
 
@@ -68,11 +69,6 @@ def emulate_cmd(co: Checkout, config: str, run: Path, graph: Path, timeline: Pat
             str(timeline), str(rank), "--config", config, "--steps", str(job["iterations"]),
             "--sandbox", str(em["sandbox"]), "--neighbours", em["neighbours"], "--no-join-late",
             "--virtual-spans", em["virtual_spans"]]
-
-
-def figure(run: Path, rank: int, warmup: int) -> float:
-    """A run's rank's median step after the warm-up (`results/<rank>.json`)."""
-    return statistics.median(json.loads((run / "results" / f"{rank}.json").read_text())["step_times_s"][warmup:])
 
 
 def interval(effects: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
