@@ -72,7 +72,7 @@ class PeerDrift:
 def timeline_per_step(trace: Trace, span: np.ndarray, rank: int, warmup: int) -> float:
     """A rank's calibrated compute per step: `compute_per_step` over its nodes of the graph with the
     timeline's spans for times."""
-    nodes = slice(int(trace.offsets[rank]), int(trace.offsets[rank + 1]))
+    nodes = trace.rank_slice(rank)
     spans = span[nodes]
     return compute_per_step(trace.columns["kind"][nodes], trace.columns["step"][nodes],
                             np.zeros(len(spans)), spans, warmup)
