@@ -65,8 +65,7 @@ class PeerDrift:
 
     @property
     def apart(self) -> float:
-        s, v = self.rank, 1 - self.rank
-        return (self.second[v] / self.timeline[v]) / (self.second[s] / self.timeline[s]) - 1
+        return self.needed / (self.second[self.rank] / self.timeline[self.rank]) - 1
 
 
 def timeline_per_step(trace: Trace, span: np.ndarray, rank: int, warmup: int) -> float:
