@@ -46,6 +46,17 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
+def _scheduler_address(scheduler_file: Path, log: Path, timeout_s: float = 60) -> str:
+    # the scheduler creates the file before it writes it: an empty or half-written file is read again
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return json.loads(scheduler_file.read_text())["address"]
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            time.sleep(0.2)
+    raise AssertionError(f"no scheduler address in {scheduler_file} after {timeout_s} s:\n{log.read_text()[-2000:]}")
+
+
 @pytest.mark.timeout(600)
 def test_slices_run_on_an_existing_scheduler_and_worker(prefect_server, tmp_path):
     from distributed import Client
@@ -58,10 +69,7 @@ def test_slices_run_on_an_existing_scheduler_and_worker(prefect_server, tmp_path
     try:
         procs.append(_start([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
                              "--scheduler-file", str(scheduler_file)], env, tmp_path / "scheduler.log"))
-        deadline = time.monotonic() + 60
-        while not scheduler_file.is_file() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        address = json.loads(scheduler_file.read_text())["address"]
+        address = _scheduler_address(scheduler_file, tmp_path / "scheduler.log")
         worker = _start([dask, "worker", address, "--host", "127.0.0.1", "--nthreads", "1", "--resources", "slots=1",
                          "--no-nanny", "--no-dashboard", "--local-directory", str(tmp_path / "worker")],
                         env, tmp_path / "worker.log")
