@@ -92,7 +92,10 @@ def one_round(pair: Path, config: str, graph: Path, sides: tuple[Checkout, Check
     cmds = [emulate_cmd(co, config, run, graph, pair / "calibrate" / "timeline.npz", r, kept)
             for co, r, run in launches]
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    stops = take_turns(cmds, turn_s, timeout_s, [out / "logs" / f"{run.name}.log" for _, _, run in launches])
+    # each in its own checkout: before `launch/child_python.py` a child's `python -m` imported the
+    # prism_core of its working directory, so both sides' ranks ran the checkout replay_ab ran in
+    stops = take_turns(cmds, turn_s, timeout_s, [out / "logs" / f"{run.name}.log" for _, _, run in launches],
+                       cwds=[co.root for co, _, _ in launches])
     for (_, _, run), s in zip(launches, stops):
         unstop_run(run, s)
     return {co.name: statistics.mean(figure(run, r, warmup) for c, r, run in launches if c is co) for co in sides}

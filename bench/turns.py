@@ -108,8 +108,10 @@ def _kill_session(p: subprocess.Popen, groups: set[int], timeout_s: float = 10.0
 
 
 def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: list[Path],
-               keep_cadence: bool = True, progress: list[Callable[[], float]] | None = None) -> list[Stops]:
-    """Run `cmds` (each in a session of its own, output to its log) taking turns of `turn_s`
+               keep_cadence: bool = True, progress: list[Callable[[], float]] | None = None,
+               cwds: list[Path] | None = None) -> list[Stops]:
+    """Run `cmds` (each in a session of its own, output to its log, in its directory of `cwds` where
+    given) taking turns of `turn_s`
     seconds until all have exited; each one's stops. A launch that fails, or a timeout, stops
     every launch and kills all their processes (TurnsError).
 
@@ -140,7 +142,7 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
             writers.append(StoppedWriter(stopped_files[i]))
             with open(log, "wb") as out:
                 procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True,
+                                              start_new_session=True, cwd=cwds[i] if cwds else None,
                                               env={**os.environ, ENV_STOPPED_FILE: str(stopped_files[i])}))
             known.append({procs[-1].pid})
             if i:          # all but the first wait for their turn

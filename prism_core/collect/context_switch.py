@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from prism_core.collect.local import ENV_CACHE_OUT, ENV_RULES, ENV_USER_RULES
 from prism_core.topology import Topology
 from prism_core.workloads.moe_gpt.rules import RULES as MOE_GPT_RULES
 from prism_core.config import PrismConfig, config_to_dict
+from prism_core.launch.child_python import module_command
 from prism_core.launch.launcher import host_store, read_errors
 from prism_core.runtime import write_json_atomic
 from prism_core.trace import STORE_NAME, Trace, merge_parts, validate, write_trace
@@ -135,7 +135,7 @@ def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: l
                PRISM_CONFIG=str(config_path.resolve()), PRISM_INSTRUMENT="1", PRISM_MEMORY="0",
                **{ENV_SOCKET: str(sock_dir / "coord.sock"), ENV_RULES: ",".join(rules),
                   ENV_USER_RULES: str(len(cfg.emulation.rules))}, **cache)
-    cmd = [sys.executable, "-m", "prism_core.collect.zygote", "--world", str(world), "--program", cfg.job.program,
+    cmd = [*module_command("prism_core.collect.zygote"), "--world", str(world), "--program", cfg.job.program,
            "--result-dir", str(out_dir), "--mode", mode]
     if mode == "rules":
         cmd += ["--concurrency", str(slots)] + (["--ranks", ",".join(map(str, ranks))] if ranks else [])

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prism_core.launch.child_python import module_command
 from prism_core.launch.cores import ENV_CPUS, Placement, keep_awake, place, place_on
 from prism_core.trace.run_delay import ENV_HELPER_PID
 from prism_core.runtime import write_json_atomic
@@ -218,7 +219,7 @@ class _Job:
             writes = tuple(write for _, write in pipes.values())
             helper = [*self.spec.helper, "--awake-fds", ",".join(map(str, writes))] if writes else self.spec.helper
             self.helper = self._spawn(helper, env, f"{HELPER}.log", pass_fds=writes)
-        cmd = [sys.executable, "-m", "prism_core.launch.neighbour_load", "--seconds", str(self.spec.timeout_s),
+        cmd = [*module_command("prism_core.launch.neighbour_load"), "--seconds", str(self.spec.timeout_s),
                "--parent", str(os.getpid())]
         for core in self._load_cores():
             env = {**os.environ, ENV_CPUS: str(core), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -230,7 +231,7 @@ class _Job:
             self.spins.append(spin)
             keep_awake(core, spin.terminate)    # a rank of a later launch placed there stops it
         for rank in self.spec.started_ranks:
-            cmd = [sys.executable, "-m", "prism_core.launch.rank_main", "--program", self.spec.program,
+            cmd = [*module_command("prism_core.launch.rank_main"), "--program", self.spec.program,
                    "--result-dir", str(self.spec.run_dir), "--", *self.spec.args]
             env = _rank_env(self.spec, rank, port)
             env.update(cpus.get(rank, {}))

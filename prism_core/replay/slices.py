@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 from prism_core.backend.install import ENV_PUBLISH_GROUPS, ENV_SANDBOX
 from prism_core.collect.context_switch import CACHE_NAME
 from prism_core.config import PrismConfig, config_to_dict
+from prism_core.launch.child_python import module_command
 from prism_core.launch.launcher import LaunchSpec, LaunchStopped, launch, stop_all
 from prism_core.launch.rank_main import ENV_CAPACITY, ENV_INSTRUMENT, ENV_MEMORY
 from prism_core.replay.assistant import ENV_LAZY_GLOO
@@ -166,7 +166,7 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     if cfg.job.device_memory_bytes is not None:
         env[ENV_CAPACITY] = str(cfg.job.device_memory_bytes)
     graph_dir = Path(graph_dir)
-    helper = [sys.executable, "-m", "prism_core.replay.assistant", "--graph", str(graph_dir / "trace.zarr"),
+    helper = [*module_command("prism_core.replay.assistant"), "--graph", str(graph_dir / "trace.zarr"),
               "--sandbox", ",".join(map(str, sandbox)), "--result-dir", str(out_dir),
               "--timeout", str(0.9 * cfg.job.timeout_s)]   # its report of blocked virtual ranks comes first
     if (graph_dir / CACHE_NAME).is_dir():

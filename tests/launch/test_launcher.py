@@ -233,6 +233,38 @@ def test_job_args_reach_the_script_argv(env_run):
         assert argv == [str(script), *ARGS]  # argv[0] is the script, as under torchrun
 
 
+@pytest.mark.timeout(120)
+def test_ranks_run_the_launchers_prism_core_from_inside_another_checkout(tmp_path):
+    # run from a directory holding another `prism_core` (a second clone, an older version): the
+    # ranks must still import the launcher's own, not the one `python -m` would find first there
+    other = tmp_path / "other_checkout"
+    (other / "prism_core").mkdir(parents=True)
+    (other / "prism_core" / "__init__.py").write_text('raise ImportError("the other checkout\'s prism_core")\n')
+    config, script = _job(tmp_path, """
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.ones(2, 4)).sum().backward()
+            dist.all_reduce(model.weight.grad)
+            opt.step()
+        dist.destroy_process_group()
+    """)
+    proc = subprocess.run([str(PRISM), "record", str(config), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=90, cwd=other)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the other checkout" not in proc.stderr
+    assert_nothing_left(tmp_path, script)
+
+
+def test_no_child_module_is_started_with_a_bare_python_m():
+    # every child prism starts goes through module_command (-P), the test above for all of them
+    root = Path(__file__).resolve().parents[2] / "prism_core"
+    bare = [f"{p.relative_to(root)}:{n}" for p in root.rglob("*.py")
+            for n, line in enumerate(p.read_text().splitlines(), 1) if '"-m", "prism_core' in line]
+    assert not bare, bare
+
+
 # ----------------------------------------------------------------------------------------------
 # Iteration boundaries
 
