@@ -361,8 +361,14 @@ def _first_failure(job: _Job, failed: dict[int, int]) -> LaunchError:
 
 
 def _helper_failure(job: _Job) -> LaunchError:
-    """The replay assistant stopped with an error: its recorded traceback, or its log's tail."""
+    """The replay assistant stopped with an error: its recorded traceback, or its log's tail; but
+    where a rank failed too (recorded an error, or has exited failing), as `_first_failure` blames:
+    a rank whose own error closed its sockets fails the assistant's collective with it, and the
+    assistant may be seen stopped while that rank still tears down."""
     time.sleep(0.2)
+    if (any(e["rank"] != HELPER for e in read_errors(job.spec.run_dir))
+            or any(p.poll() not in (None, 0) for p in job.ranks.values())):
+        return _first_failure(job, {})
     path = job.spec.run_dir / "errors" / f"{HELPER}.json"
     try:
         detail = json.loads(path.read_text())["traceback"].rstrip()

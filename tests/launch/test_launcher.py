@@ -321,3 +321,45 @@ def test_script_without_optimizer_step_fails_record(tmp_path, capsys):
     assert "optimizer.step" in capsys.readouterr().err
     assert not (out / "metrics.json").exists(), "a failed record left an old metrics.json behind"
     assert_nothing_left(tmp_path, script, expect_pids=WORLD)
+
+
+class _Proc:
+    def __init__(self, code: int | None) -> None:
+        self.code = code
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+def _failed_job(tmp_path: Path, rank_codes: dict[int, int | None]):
+    from types import SimpleNamespace
+
+    from prism_core.launch.launcher import HELPER
+
+    (tmp_path / "errors").mkdir()
+    return SimpleNamespace(spec=SimpleNamespace(run_dir=tmp_path, world_size=2),
+                           ranks={r: _Proc(c) for r, c in rank_codes.items()}, helper=_Proc(1),
+                           log_path=lambda r: tmp_path / "logs" / f"{'assistant' if r == HELPER else r}.log")
+
+
+def test_an_assistant_failed_by_a_ranks_own_error_blames_the_rank(tmp_path):
+    # the rank recorded its error and closed its sockets, failing the assistant's collective; the
+    # assistant was seen stopped while the rank still tore down (CI saw the assistant blamed)
+    from prism_core.launch.launcher import HELPER, _helper_failure
+
+    job = _failed_job(tmp_path, {0: None, 1: None})
+    (tmp_path / "errors" / "1.json").write_text(json.dumps({"rank": 1, "time": 100.0, "traceback": "ValueError: mine"}))
+    (tmp_path / "errors" / f"{HELPER}.json").write_text(
+        json.dumps({"rank": HELPER, "time": 100.2, "traceback": "RuntimeError: Connection reset by peer"}))
+    err = _helper_failure(job)
+    assert err.rank == 1 and "ValueError: mine" in str(err)
+
+
+def test_an_assistant_failing_alone_is_blamed(tmp_path):
+    from prism_core.launch.launcher import HELPER, _helper_failure
+
+    job = _failed_job(tmp_path, {0: None, 1: None})
+    (tmp_path / "errors" / f"{HELPER}.json").write_text(
+        json.dumps({"rank": HELPER, "time": 100.0, "traceback": "KeyError: its own bug"}))
+    err = _helper_failure(job)
+    assert err.rank is None and "the replay assistant failed" in str(err) and "its own bug" in str(err)
