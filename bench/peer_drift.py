@@ -18,7 +18,9 @@ the second record and the calibrated timeline, and s's in its emulation; then
 - `error`: the emulated rank's figure over the second record's (both ranks' mean).
 
 Last, per config, the medians of peer, |apart| (a pair's two emulations read apart with
-opposite signs) and error over its emulations.
+opposite signs) and error over its emulations. Since apart turns its sign between a pair's two
+emulations, it sets no median: peer's median is how s computed in its emulation against the
+second record (`emulated_pace.py`'s s), which the virtual peer follows (bench/MEASURED.md, item 60).
 
     .venv/bin/python bench/peer_drift.py KEEP [KEEP ...]
 """

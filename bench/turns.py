@@ -111,9 +111,8 @@ def take_turns(cmds: list[list[str]], turn_s: float, timeout_s: float, logs: lis
                keep_cadence: bool = True, progress: list[Callable[[], float]] | None = None,
                cwds: list[Path] | None = None) -> list[Stops]:
     """Run `cmds` (each in a session of its own, output to its log, in its directory of `cwds` where
-    given) taking turns of `turn_s`
-    seconds until all have exited; each one's stops. A launch that fails, or a timeout, stops
-    every launch and kills all their processes (TurnsError).
+    given) taking turns of `turn_s` seconds until all have exited; each one's stops. A launch that
+    fails, or a timeout, stops every launch and kills all their processes (TurnsError).
 
     `keep_cadence`: a launch that has ended keeps its turns, idle, so that the others are stopped
     and continued as before to their own end (a launch left to run alone would run its last
