@@ -53,10 +53,16 @@ first pass's calibrated timeline in real time (calibrate/stage.py `time_and_cali
 turns with the second record (and the emulations) and with loaded runs of their own; the columns
 "2nd pass" (calibrated from them) and "2nd real compute" (their communication with that record's
 compute spans) are against the second record, as the first pass's are against the first.
+With `--emulate-second` as well, the second pass's slices and their loaded runs take turns by
+themselves, and then the second record and the emulations, which replay the second pass's
+timeline: its alone spans (`--pace-reference alone`) are then the compute of ranks timed as an
+emulation times its rank of interest, beside a timed assistant, so that a pace read against them
+is how far the machine moved since, not also how differently a rank computes beside the
+assistant than beside a real peer (bench/MEASURED.md item 61).
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
                                        [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-against] [--other-steps] [--other-ahead] [--other-spans]
-                                       [--passes 2]] [--join-late]
+                                       [--passes 2 [--emulate-second]]] [--pace-reference alone|loaded] [--join-late]
                                        [--keep DIR]
 
 Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a
@@ -352,6 +358,16 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
     if args.no_emulate and args.passes == 1:
         return out
     timeline = root / "calibrate" / "timeline.npz"
+    second = args.passes == 2 and args.emulate_second
+    if second:       # the second pass by itself; the emulations replay its timeline
+        plan2, jobs2 = _second_pass_jobs(cfg, graph, root)
+        runs = _slice_runs(cfg, graph, jobs2, args, _first_timeline(root))
+        for _, run_dirs in runs:
+            for run_dir, _ in run_dirs:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        _take_turns(graph, runs, root / "logs", "p", args)
+        doc, timeline = calibrate_pass(cfg, graph.trace, plan2, jobs2, root / "calibrate2", 1)
+        out["pred2"] = _mean(doc, "iteration_time_s")
     runs = [(["record", str(root / "record_e")], [(root / "record_e", list(range(world)))])]
     if not args.no_emulate:
         for r in range(world):
@@ -362,7 +378,7 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
             for r in range(world):
                 runs.append(([v.launch, str(root / f"emulate_{r}_{v.suffix}"), str(graph.directory), str(other),
                               str(r)], [(root / f"emulate_{r}_{v.suffix}", [r])]))
-    if args.passes == 2:
+    if args.passes == 2 and not second:
         plan2, jobs2 = _second_pass_jobs(cfg, graph, root)
         runs += _slice_runs(cfg, graph, jobs2, args, _first_timeline(root))
     for _, run_dirs in runs:
@@ -378,8 +394,9 @@ def _turns_pair(cfg, graph, root: Path, i: int, args) -> dict:
             out[f"emul_{v.suffix}"] = statistics.mean(_rank_figure(root / f"emulate_{r}_{v.suffix}", r, warmup)
                                                       for r in range(world))
     if args.passes == 2:
-        doc, _ = calibrate_pass(cfg, graph.trace, plan2, jobs2, root / "calibrate2", 1)
-        out["pred2"] = _mean(doc, "iteration_time_s")
+        if not second:
+            doc, _ = calibrate_pass(cfg, graph.trace, plan2, jobs2, root / "calibrate2", 1)
+            out["pred2"] = _mean(doc, "iteration_time_s")
         out["oracle2"] = _variant(cfg, graph, root, "real", _first_timeline(root), "record_e")
     return out
 
@@ -524,7 +541,7 @@ def _take_turns(graph, runs: list[tuple[list[str], list[tuple[Path, list[int]]]]
         nodes = {r: len(graph.trace.rank(r)["kind"]) for r in range(graph.trace.world_size)}
         progress = [graph_progress(dirs, nodes) for _, dirs in runs]
     stops = take_turns([launch_cmd(what, args.config_name, args.steps, args.sandbox, args.neighbours, args.join_late,
-                                  args.virtual_spans)
+                                  args.virtual_spans, args.pace_reference)
                         for what, _ in runs],
                        args.turns, 3600, [logs / f"{prefix}{n}.log" for n in range(len(runs))], progress=progress)
     _note_stops(logs / (f"{prefix}_stops.json" if prefix else "stops.json"),
@@ -594,25 +611,30 @@ def _ranks(sandbox: list[int]) -> str:
 
 
 def launch_cmd(what: list[str], config: str, steps: int, sandbox: int, neighbours: str,
-               join_late: bool = False, virtual_spans: str | None = None) -> list[str]:
+               join_late: bool = False, virtual_spans: str | None = None,
+               pace_reference: str | None = None) -> list[str]:
     """The command of one launch (`what`: "record OUT", "slice OUT GRAPH SANDBOX LOADED" (or
     "slice-other ...", its virtual members joining the other way), "emulate OUT GRAPH TIMELINE
     RANK" or "co-run GRAPH OUT SANDBOX [OUT SANDBOX ...]") in a process of its own."""
     return [sys.executable, str(Path(__file__).resolve()), "--launch", *what, "--config", config,
             "--steps", str(steps), "--sandbox", str(sandbox), "--neighbours", neighbours,
             "--join-late" if join_late else "--no-join-late",
-            *(["--virtual-spans", virtual_spans] if virtual_spans else [])]
+            *(["--virtual-spans", virtual_spans] if virtual_spans else []),
+            *(["--pace-reference", pace_reference] if pace_reference else [])]
 
 
-def _load(name: str, steps: int, sandbox: int, neighbours: str = "co_run", virtual_spans: str | None = None):
+def _load(name: str, steps: int, sandbox: int, neighbours: str = "co_run", virtual_spans: str | None = None,
+          pace_reference: str | None = None):
     return load_config(_config_path(name), [f"job.iterations={steps}", "job.warmup=3", f"emulation.sandbox={sandbox}",
                                             f"emulation.neighbours={neighbours}",
-                                            *([f"emulation.virtual_spans={virtual_spans}"] if virtual_spans else [])])
+                                            *([f"emulation.virtual_spans={virtual_spans}"] if virtual_spans else []),
+                                            *([f"emulation.pace_reference={pace_reference}"] if pace_reference
+                                              else [])])
 
 
 def _launch(args) -> None:
     """One launch of a pair that takes turns (run in a process of its own)."""
-    cfg = _load(args.config, args.steps, args.sandbox, args.neighbours, args.virtual_spans)
+    cfg = _load(args.config, args.steps, args.sandbox, args.neighbours, args.virtual_spans, args.pace_reference)
     kind, out, *rest = args.launch
     if kind == "record":
         record(cfg, Path(out), options=RecordOptions(echo=False))
@@ -690,6 +712,14 @@ def main() -> None:
     parser.add_argument("--virtual-spans", choices=("matched", "paired", "steady", "timed"),
                         help="the emulations' emulation.virtual_spans (default: the config's); --other-spans runs "
                              "them the other way beside")
+    parser.add_argument("--pace-reference", choices=("alone", "loaded"),
+                        help="the emulations' emulation.pace_reference (default: the config's); --other-against runs "
+                             "them the other way beside")
+    parser.add_argument("--emulate-second", action="store_true",
+                        help="with --turns and --passes 2: the second pass's slices take turns by themselves, and "
+                             "then the second record and the emulations, which replay the second pass's timeline "
+                             "(whose alone spans are the timed slices' compute: the pace read against a rank "
+                             "computing as it does in an emulation)")
     parser.add_argument("--join-late", action=argparse.BooleanOptionalAction, default=False,
                         help="plain slices: virtual members of collectives join once a sandbox member has issued "
                              "the op (replay/slices.py run_with_assistant)")
@@ -748,6 +778,8 @@ def main() -> None:
     if args.launch:
         _launch(args)
         return
+    if args.emulate_second and (args.passes != 2 or args.turns <= 0 or args.no_emulate):
+        parser.error("--emulate-second goes with --turns and --passes 2, and the emulations")
     if args.passes not in (1, 2) or (args.turns > 0 and args.passes == 2 and (args.other_join or args.other_awake)):
         parser.error("--passes takes 1 or 2 (with --turns, 2 not with --other-join or --other-awake)")
     second_ways = ", ".join("--" + v.flag.replace("_", "-") for v in VARIANTS)
@@ -762,7 +794,7 @@ def main() -> None:
     others: dict[str, list] = {v.suffix: [] for v in _variants(args)}
     with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
         for name in args.configs.split(","):
-            cfg = _load(name, args.steps, args.sandbox, args.neighbours, args.virtual_spans)
+            cfg = _load(name, args.steps, args.sandbox, args.neighbours, args.virtual_spans, args.pace_reference)
             args.config_name = name
             if cfg.job.world_size > (os.cpu_count() or 1):
                 print(f"note: {cfg.name} has {cfg.job.world_size} ranks on {os.cpu_count()} cores: its real run is "
@@ -851,7 +883,8 @@ def main() -> None:
     how = ((f"record and slices taking turns of {args.turns:g} s" +
             (" (no emulation)" if args.no_emulate else "; then a second record and the emulations, taking turns"))
            if args.turns > 0 else "runs one after the other")
-    emulation = _load(args.config_name, args.steps, args.sandbox, virtual_spans=args.virtual_spans).emulation
+    emulation = _load(args.config_name, args.steps, args.sandbox, virtual_spans=args.virtual_spans,
+                      pace_reference=args.pace_reference).emulation
     if not (args.turns > 0 and args.no_emulate):     # pool_fidelity.py reads how the emulations ran
         how += f"; {PACED_HEADER[emulation.follow_pace]}"
     print(f"\n{args.steps} steps per run ({args.steps - 3} measured), S={args.sandbox}, {args.passes} timing "

@@ -101,3 +101,11 @@ def test_the_emulations_spans_set_on_the_command_line_reach_each_launch():
     assert "--virtual-spans" not in launch_cmd(["record", "out"], "tiny_moe_w2_pp2", 10, 1, "co_run")
     assert _load("pp2", 10, 1, virtual_spans="matched").emulation.virtual_spans == "matched"
     assert _load("pp2", 10, 1).emulation.virtual_spans == EmulationConfig().virtual_spans
+
+
+def test_the_emulations_pace_reference_set_on_the_command_line_reaches_each_launch():
+    cmd = launch_cmd(["record", "out"], "tiny_moe_w2_pp2", 10, 1, "co_run", pace_reference="alone")
+    assert cmd[cmd.index("--pace-reference") + 1] == "alone"
+    assert "--pace-reference" not in launch_cmd(["record", "out"], "tiny_moe_w2_pp2", 10, 1, "co_run")
+    assert _load("pp2", 10, 1, pace_reference="alone").emulation.pace_reference == "alone"
+    assert _load("pp2", 10, 1).emulation.pace_reference == EmulationConfig().pace_reference
