@@ -74,11 +74,20 @@ def _pace(run: Path) -> dict:
     return json.loads((run / "replay" / "stats.json").read_text()).get("follow_pace") or {}
 
 
+def replayed_timeline(pair: Path) -> Path:
+    """The timeline a kept pair's emulations replayed: the second pass's where the pair ran it by
+    itself before them (`fidelity.py --emulate-second`: its turns' stops in `logs/p_stops.json`),
+    else the first pass's."""
+    if (pair / "logs" / "p_stops.json").is_file():
+        return pair / "calibrate2" / "timeline_pass2.npz"
+    return pair / "calibrate" / "timeline.npz"
+
+
 def read_pair(config: str, pair: Path, offsets: np.ndarray, compute: np.ndarray) -> list[Emulation]:
     world = len(offsets) - 1
     record = pair / "record_e"
     real = statistics.mean(_figure(record, r) for r in range(world))
-    with np.load(pair / "calibrate" / "timeline.npz") as timeline:
+    with np.load(replayed_timeline(pair)) as timeline:
         span = timeline["span"]
         alone = timeline["alone_span"] if "alone_span" in timeline.files else None
     out = []

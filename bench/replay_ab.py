@@ -68,7 +68,9 @@ def emulate_cmd(co: Checkout, config: str, run: Path, graph: Path, timeline: Pat
     return [str(co.python), str(co.root / "bench" / "fidelity.py"), "--launch", "emulate", str(run), str(graph),
             str(timeline), str(rank), "--config", config, "--steps", str(job["iterations"]),
             "--sandbox", str(em["sandbox"]), "--neighbours", em["neighbours"], "--no-join-late",
-            "--virtual-spans", em["virtual_spans"]]
+            "--virtual-spans", em["virtual_spans"],
+            # only where not the default: a checkout from before the option has no `--pace-reference`
+            *(["--pace-reference", em["pace_reference"]] if em.get("pace_reference", "loaded") != "loaded" else [])]
 
 
 def interval(effects: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:

@@ -46,6 +46,15 @@ def test_the_launch_runs_the_checkouts_own_fidelity_with_the_kept_settings(tmp_p
     assert cmd[-3:] == ["--no-join-late", "--virtual-spans", "matched"]
 
 
+def test_a_kept_emulation_read_against_the_alone_spans_is_launched_so():
+    co = Checkout("B", Path("/co"), "abc1234")
+    alone = {**KEPT, "emulation": {**KEPT["emulation"], "pace_reference": "alone"}}
+    cmd = emulate_cmd(co, "tp2", Path("run"), Path("graph"), Path("t.npz"), 1, alone)
+    assert cmd[-2:] == ["--pace-reference", "alone"]
+    loaded = {**KEPT, "emulation": {**KEPT["emulation"], "pace_reference": "loaded"}}
+    assert "--pace-reference" not in emulate_cmd(co, "tp2", Path("run"), Path("graph"), Path("t.npz"), 1, loaded)
+
+
 def test_a_runs_figure_is_its_median_step_after_the_warm_up(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "1.json").write_text('{"step_times_s": [9.0, 9.0, 9.0, 0.2, 0.4, 0.3, 5.0]}')
