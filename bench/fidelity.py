@@ -80,7 +80,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -445,7 +445,7 @@ def _other_steps(emulation) -> int:
 def _other_reference(emulation) -> tuple[str, int]:
     """`--other-reference`: the pace read the other way: against the loaded runs' spans over one
     step (as before item 36) where it is read against the plain runs' over several, else that."""
-    if emulation.pace_reference == "alone" or emulation.pace_steps > 1:
+    if emulation.pace_reference in ("alone", "timed") or emulation.pace_steps > 1:
         return "loaded", 1
     return "alone", 10
 
@@ -460,7 +460,7 @@ def _other_spans(emulation) -> str:
 def _other_against(emulation) -> str:
     """`--other-against`: the pace read against the other spans (the plain runs' or the loaded
     runs'), over as many steps as configured: the reference alone, apart from the steps."""
-    return "loaded" if emulation.pace_reference == "alone" else "alone"
+    return "loaded" if emulation.pace_reference in ("alone", "timed") else "alone"
 
 
 def _variants(args) -> list[EmulationVariant]:
@@ -488,12 +488,9 @@ def _without_issue_cost(timeline: Path) -> Path:
 
 
 def _second_pass_jobs(cfg, graph, root: Path):
-    """The second pass's slices, with loaded runs of their own (`<loaded>_r2`) that run in the
-    second round: their compute spans do not depend on the pass, and so the second pass is timed
-    wholly on the machine its record (the second) saw."""
-    plan, jobs = slice_jobs(cfg, graph.trace, graph.directory, root / "timing", _first_timeline(root))
-    return plan, [replace(j, loaded=None if j.loaded is None else j.loaded.with_name(f"{j.loaded.name}_r2"))
-                  for j in jobs]
+    """The second pass's slices, with loaded runs of their own (calibrate/stage.py `slice_jobs`),
+    so that the second pass is timed wholly on the machine of its own turns."""
+    return slice_jobs(cfg, graph.trace, graph.directory, root / "timing", _first_timeline(root))
 
 
 def _first_timeline(root: Path) -> Path:
@@ -712,7 +709,7 @@ def main() -> None:
     parser.add_argument("--virtual-spans", choices=("matched", "paired", "steady", "timed"),
                         help="the emulations' emulation.virtual_spans (default: the config's); --other-spans runs "
                              "them the other way beside")
-    parser.add_argument("--pace-reference", choices=("alone", "loaded"),
+    parser.add_argument("--pace-reference", choices=("alone", "loaded", "timed"),
                         help="the emulations' emulation.pace_reference (default: the config's); --other-against runs "
                              "them the other way beside")
     parser.add_argument("--emulate-second", action="store_true",

@@ -157,7 +157,7 @@ def time_and_calibrate(cfg: PrismConfig, graph_dir: str, base: Path, out: str) -
         with dask.annotate(resources={"slots": _slots_per_slice(cfg.emulation.sandbox)}):
             futures = [slice_task.with_options(refresh_cache=unfinished(job.directory, SLICE_DONE)).submit(
                 config, graph_dir, n, job.index, job.sandbox, str(job.directory), timing) for job in jobs]
-        loaded = [job for job in jobs if job.loaded is not None and n == 1]
+        loaded = [job for job in jobs if job.loaded is not None]     # each pass its own (calibrate/stage.py)
         # a loaded run takes a whole worker: it runs beside no other slice (launch/cores.py)
         with dask.annotate(resources={"slots": _most_slots() or local_slots(cfg.emulation.sandbox)}):
             if cfg.emulation.neighbours == "stand_in":

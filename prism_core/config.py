@@ -97,9 +97,11 @@ class EmulationConfig(_Strict):
     sandbox: int = Field(1, ge=1, description="S: real ranks per slice")
     ranks_of_interest: list[int] = Field(default_factory=lambda: [0], min_length=1)
     collect_mode: Literal["context_switch", "rules"] = "context_switch"
-    timing_passes: int = Field(1, ge=1, le=4, description="slice timing passes: the first replays virtual ranks "
-                                                         "as fast as the graph allows, each further one in the "
-                                                         "previous pass's calibrated time")
+    timing_passes: int = Field(2, ge=1, le=4, description="slice timing passes, each with its slices' loaded runs: "
+                                                         "the first replays virtual ranks as fast as the graph "
+                                                         "allows, each further one in the previous pass's calibrated "
+                                                         "time, as an emulation does (pace_reference: timed reads "
+                                                         "the last one's)")
     loaded_compute: bool = Field(True, description="slices bound to cores run once more beside neighbours "
                                                    "(emulation.neighbours), and compute nodes take their spans from "
                                                    "that run: in the full job a rank's neighbours compute too, "
@@ -120,12 +122,16 @@ class EmulationConfig(_Strict):
                                                  "the pace its sandbox ranks compute at against their calibrated "
                                                  "spans, so that a host whose speed moved since the timing moves them "
                                                  "too (replay/follow.py)")
-    pace_reference: Literal["alone", "loaded"] = Field(
-        "loaded", description="what a followed pace is read against: loaded, the sandbox ranks' calibrated spans "
-                              "(a neighbour computing beside them; an emulated rank computed 0.99 of its record's "
-                              "same rank, bench/MEASURED.md items 42-43); alone, those spans times their plain slices' "
-                              "compute over their loaded runs' at equal waits (calibrate/durations.py "
-                              "alone_factor), which read the emulated rank 4% too fast in item 42")
+    pace_reference: Literal["alone", "loaded", "timed"] = Field(
+        "timed", description="what a followed pace is read against: timed, the sandbox ranks' compute in their "
+                             "slices of a second timing pass, which replay in calibrated time as an emulation does "
+                             "(the calibrated spans times that compute over the same pass's loaded runs' at equal "
+                             "waits; bench/MEASURED.md item 61), or where the timeline has one pass, as loaded; "
+                             "loaded, the calibrated spans (a neighbour computing beside them; an emulated rank "
+                             "computed 0.97-1.00 of its record's same rank from day to day, items 42-60, and its "
+                             "virtual peers followed it); alone, the timeline's alone spans whatever the pass, of a "
+                             "first pass its plain slices' (calibrate/durations.py alone_factor), 4% too fast in "
+                             "item 42")
     pace_steps: int = Field(10, ge=1, description="a followed pace is read over up to this many steps of the sandbox "
                                                   "ranks' compute: the machine's drift, not one step's noise, which "
                                                   "the calibrated spans carry already")

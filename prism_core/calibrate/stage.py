@@ -2,8 +2,9 @@
 
 Slices live under `<timing root>/<graph key>/s<S>/slice_<i>_<key>/`, keyed by the bare graph
 they replay and their sandbox ranks, so a rerun reuses every slice that finished (a failed one is
-rerun alone). `calibrate_slices` merges them and writes `metrics.json` (mode "predicted") and
-the calibrated node times (`timeline.npz`) to the output directory.
+rerun alone); a further pass's slices and loaded runs under `refined_<timeline digest>/` there.
+`calibrate_slices` merges them and writes `metrics.json` (mode "predicted") and the calibrated
+node times (`timeline.npz`) to the output directory.
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
                timing: Path | None = None) -> tuple[TimingPlan, list[SliceJob]]:
     """The slices of a timing pass; `timing`: the calibrated timeline the virtual ranks replay (refinement).
 
-    With `loaded_runs` each slice also has a loaded run, shared by every pass (the compute spans
-    it gives do not depend on how the virtual ranks were timed).
+    With `loaded_runs` each slice also has a loaded run, each pass its own: a pass's compute spans
+    and its slices' compute over them (`alone_span`, what a timed pace is read against:
+    replay/follow.py) then come from one stretch of the machine, which moves by several percent
+    from minute to minute.
     """
     plan = plan_slices(cfg, trace)
     graph_key = Path(graph_dir).name
-    root = base = Path(timing_root) / graph_key / f"s{cfg.emulation.sandbox}"
+    base = Path(timing_root) / graph_key / f"s{cfg.emulation.sandbox}"
     if timing is not None:
         base = base / f"refined_{_digest(timing)}"
     load = loaded_runs(cfg)
@@ -53,7 +56,7 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
     jobs = []
     for i, s in enumerate(plan.slices):
         key = slice_key(graph_key, cfg, s)
-        loaded = root / f"loaded_{i}_{key}_{_load_kind(cfg)}" if load else None
+        loaded = base / f"loaded_{i}_{key}_{_load_kind(cfg)}" if load else None
         replicas = [[copies[r][j] for r in s] for j in range(1, orders) if all(len(copies[r]) > j for r in s)]
         jobs.append(SliceJob(i, s, base / f"slice_{i}_{key}{_timed_kind(cfg, timing is not None)}", loaded, replicas))
     return plan, jobs
@@ -147,8 +150,7 @@ def time_and_calibrate(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_r
             out = run_slice(cfg, graph_dir, job.sandbox, job.directory, timing)
             if on_slice is not None:
                 on_slice(n, job, out)
-        if n == 0:
-            run_loaded(cfg, graph_dir, jobs)
+        run_loaded(cfg, graph_dir, jobs)
         document, timing = calibrate_pass(cfg, trace, plan, jobs, out_dir, n)
         documents.append(document)
     return finish_passes(out_dir, documents)
@@ -156,8 +158,9 @@ def time_and_calibrate(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_r
 
 def calibrate_pass(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path,
                    index: int) -> tuple[dict, Path]:
-    """Calibrate one pass's slices; its timeline is kept as `timeline_pass<n>.npz` for the next pass."""
-    document = calibrate_slices(cfg, trace, plan, jobs, out_dir)
+    """Calibrate one pass's slices; its timeline is kept as `timeline_pass<n>.npz` for the next pass.
+    A pass after the first is timed (its slices replayed the previous pass's timeline)."""
+    document = calibrate_slices(cfg, trace, plan, jobs, out_dir, timed=index > 0)
     timing = Path(out_dir) / f"timeline_pass{index + 1}.npz"
     (Path(out_dir) / "timeline.npz").replace(timing)
     return document, timing
@@ -187,8 +190,10 @@ def plan_orders(cfg: PrismConfig, plan: TimingPlan) -> int:
     return replica_orders(topo.dp, topo.ep)
 
 
-def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path) -> dict:
-    """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`."""
+def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: list[SliceJob], out_dir: Path,
+                     timed: bool = False) -> dict:
+    """Merge the slices, solve the timeline, write `out_dir/metrics.json` and `out_dir/timeline.npz`
+    (`timed_pass`: whether the slices replayed in calibrated time, as an emulation does)."""
     loaded = [j.loaded for j in jobs]
     prediction = predict(trace, [(j.directory, j.sandbox) for j in jobs], plan.source,
                          loaded=loaded if any(loaded) else None, warmup=cfg.job.warmup, orders=plan_orders(cfg, plan),
@@ -208,7 +213,8 @@ def calibrate_slices(cfg: PrismConfig, trace: Trace, plan: TimingPlan, jobs: lis
     np.savez(tmp, start=prediction.start, end=prediction.end, offsets=trace.offsets, span=m.span,
              transfer=m.transfer, release=m.release, completes_synced=m.completes_synced,
              issue_cost=m.issue_cost if m.issue_cost is not None else np.zeros_like(m.transfer),
-             measured_span=prediction.measured_span if prediction.measured_span is not None else m.span, **optional)
+             measured_span=prediction.measured_span if prediction.measured_span is not None else m.span,
+             timed_pass=np.bool_(timed), **optional)
     tmp.replace(out_dir / "timeline.npz")
     write_metrics(out_dir / "metrics.json", document)
     return document

@@ -1280,6 +1280,7 @@ class ReplayTiming:
     issue_cost: np.ndarray  # per node: seconds a real rank took from issuing the op to the wire
     alone_span: np.ndarray | None = None   # per node: compute as its rank took it alone (calibrate/predict.py)
     moments: NodeMoments | None = None     # when each node ran, in the timeline and where measured (replay/steady.py)
+    timed_pass: bool = False               # the alone spans are timed slices' (a second timing pass), as an emulation times
 
 
 def load_timing(path: Path) -> ReplayTiming:
@@ -1288,8 +1289,9 @@ def load_timing(path: Path) -> ReplayTiming:
     with np.load(path) as data:
         cost = data["issue_cost"] if "issue_cost" in data.files else np.zeros_like(data["transfer"])
         alone = data["alone_span"] if "alone_span" in data.files else None
+        timed = bool(data["timed_pass"]) if "timed_pass" in data.files else False
         return ReplayTiming(span=data["span"], transfer=data["transfer"], issue_cost=cost, alone_span=alone,
-                            moments=node_moments(data))
+                            moments=node_moments(data), timed_pass=timed)
 
 
 def resident_bytes() -> int | None:
@@ -1316,8 +1318,10 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     assistant's cores, which run while its virtual ranks compute (replay/awake.py). `follow_pace`:
     timed, the virtual ranks' compute follows the sandbox ranks' pace after that many warm-up
     steps (replay/follow.py); None: it does not. `pace_reference`: "loaded", the pace is read against
-    the sandbox ranks' calibrated spans, or "alone", against their compute as timed alone (the
-    timeline's `alone_span`, where it has one); over up to `pace_steps` steps. `build_ahead`: timed,
+    the sandbox ranks' calibrated spans, "alone", against their compute as timed in their slices (the
+    timeline's `alone_span`, where it has one), or "timed", that where those slices were timed as an
+    emulation is (a second timing pass) and the calibrated spans otherwise (`follow.reference_spans`);
+    over up to `pace_steps` steps. `build_ahead`: timed,
     what the virtual ranks send is built while they compute up to it (`Assistant._build_ahead`).
     `virtual_spans`: timed, "steady": each virtual rank's steady steps from `steady_from` take their
     positions' trimmed mean spans; "paired": only those of virtual ranks whose every peer is a
@@ -1374,7 +1378,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
 
         assistant.stopped = StoppedTime.from_env()
         if follow_pace is not None:
-            from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute, shared_cores
+            from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute, reference_spans, shared_cores
 
             placement = Path(result_dir) / "placement.json"     # the launcher writes it before starting us
             off = shared_cores(json.loads(placement.read_text()) if placement.is_file() else {})
@@ -1382,13 +1386,12 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
             columns = trace.columns
             read = [] if off else pace_ranks(columns["kind"], columns["step"], trace.offsets, model.span,
                                              list(sandbox), follow_pace)
-            against = model.alone_span if pace_reference == "alone" and model.alone_span is not None else model.span
+            against, against_name = reference_spans(model.span, model.alone_span, model.timed_pass, pace_reference)
             for r in read:
                 cols = trace.rank(r)
                 reference[r] = reference_compute(cols["kind"], cols["step"], against[trace.rank_slice(r)], follow_pace)
             assistant.follow = PaceFollower({r: Path(result_dir) / "flight" / f"{r}.bin" for r in reference},
-                                            reference, off, pace_steps,
-                                            "alone" if against is model.alone_span else "loaded")
+                                            reference, off, pace_steps, against_name)
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)
@@ -1458,9 +1461,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--follow-pace", type=int, default=None, metavar="WARMUP",
                         help="timed: the virtual ranks' compute follows the sandbox ranks' pace after WARMUP steps "
                              "(replay/follow.py)")
-    parser.add_argument("--pace-reference", choices=("alone", "loaded"), default="loaded",
-                        help="with --follow-pace: read the pace against the sandbox ranks' compute timed alone "
-                             "(the timeline's alone_span) or against their calibrated spans")
+    parser.add_argument("--pace-reference", choices=("alone", "loaded", "timed"), default="loaded",
+                        help="with --follow-pace: read the pace against the sandbox ranks' compute timed in their "
+                             "slices (alone: the timeline's alone_span; timed: that where the slices were timed, "
+                             "a second pass, else loaded) or against their calibrated spans (loaded)")
     parser.add_argument("--pace-steps", type=int, default=1, metavar="N",
                         help="with --follow-pace: read the pace over up to N steps")
     parser.add_argument("--virtual-spans", choices=("timed", "steady", "paired", "matched"), default="timed",

@@ -7,19 +7,25 @@ virtual peers replay the speed of the timing (bench/fidelity.py: the emulated er
 far the machine moved in between). With `emulation.follow_pace` the assistant reads each sandbox
 rank's flight record (nodes closed, nanoseconds of compute so far: trace/flight.py) and compares
 its compute over about its last `emulation.pace_steps` steps with a reference for the same
-nodes; each virtual compute node then takes its calibrated span times that pace. The calibrated
-spans are the loaded runs' (a neighbour computing beside the rank), and they are the reference by
-default (`emulation.pace_reference: loaded`): an emulated rank computed a median 0.994 of its second
-record's same rank (bench/MEASURED.md item 42, 40 emulations), nearly as its loaded runs did. The other
-reference (`alone`) is those spans times each rank's plain compute over its loaded compute at
-equal waits (the timeline's `alone_span`, calibrate/durations.py `alone_factor`); it assumed an
-emulated rank computes as fast as a plain slice's, which held in items 30 and 36 (0.97-0.98 of
-its record) but not in item 42 (0.994 against alone factors of a median 0.961: the virtual ranks
-computed about 4% too slow; perhaps since ring parts are built ahead on the assistant's core,
-item 38, which is not measured apart).
-In item 43's four pairs, in the same turns, the emulations came -0.70 / +1.02 / -0.25 / +0.41%
-of their record (pp2 / dp2 / tp2 / ep2) against the loaded spans and +3.01 / +0.84 / +2.74 /
-+2.86% against the alone ones. The pace is read over up to ten steps: the
+nodes; each virtual compute node then takes its calibrated span times that pace.
+
+The pace is to say how far the host moved since the timing, and so the reference is to be the
+rank's compute where it computed as it does in the emulation. The calibrated spans are the loaded
+runs' (a neighbour computing beside the rank), what its virtual peers are to take; an emulated
+rank, beside its assistant, has computed 0.97-1.00 of its record's same rank from day to day
+(bench/MEASURED.md items 42, 52, 59, 60), and read against the loaded spans its virtual peers
+followed it that much too fast (items 59-60: the emulations a median 2% low on ep2 and tp2).
+The default reference (`emulation.pace_reference: timed`) is the rank's compute in its slice
+of the last timing pass, where that pass is a second one (`emulation.timing_passes: 2`): that
+slice's assistant replays the first pass's timeline in calibrated time, as an emulation's does,
+beside the same spin, and its rank computed as an emulated one does (item 61: its compute over
+its loaded run's, a median 0.975, against the emulated rank's 0.981 of its record). It is the
+timeline's `alone_span` there: the loaded spans times the slice's compute over its loaded run's at
+equal waits (calibrate/durations.py `alone_factor`), the loaded run of the same pass
+(calibrate/stage.py). A timeline of one pass has no such spans, and "timed" reads the loaded spans.
+`alone` reads `alone_span` whatever the pass: of a first pass, the compute of a plain slice,
+whose assistant replays as fast as the graph allows; it came 2.5-3.7 points worse than the loaded
+spans in item 43. The pace is read over up to ten steps: the
 calibrated spans carry their timing run's step-to-step noise already, and a pace read over one
 step put the emulated rank's noise of the previous step on top of it (item 36). Only sandbox
 ranks that compute a fair share of what their virtual peers compute are read (`pace_ranks`), and
@@ -79,6 +85,18 @@ def shared_cores(placement: dict) -> str | None:
         return f"not bound to cores: {placement.get('reason', 'no placement')}"
     shared = sorted(set(placement.get("assistant") or []) & set((placement.get("ranks") or {}).values()))
     return f"the assistant shares cores {shared} with the ranks" if shared else None
+
+
+def reference_spans(span: np.ndarray, alone_span: np.ndarray | None, timed_pass: bool,
+                    reference: str) -> tuple[np.ndarray, str]:
+    """What a pace is read against (`emulation.pace_reference`), and its name for the run's stats:
+    "loaded", the calibrated spans; "alone", the timeline's alone spans where it has them; "timed",
+    those only where its last pass was timed (`timed_pass`), else the calibrated spans."""
+    if reference not in ("alone", "loaded", "timed"):
+        raise ValueError(f"pace reference {reference!r}: alone, loaded or timed")
+    if alone_span is not None and (reference == "alone" or (reference == "timed" and timed_pass)):
+        return alone_span, reference
+    return span, "loaded"
 
 
 def pace_ranks(kind: np.ndarray, step: np.ndarray, offsets: np.ndarray, span: np.ndarray,

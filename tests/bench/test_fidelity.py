@@ -76,11 +76,11 @@ def test_a_timed_run_whose_assistant_streamed_is_flagged(tmp_path: Path):
 
 def test_the_other_pace_reading_is_item_35s_way_against_the_default():
     default = EmulationConfig()
-    assert (default.pace_reference, default.pace_steps) == ("loaded", 10)
+    assert (default.pace_reference, default.pace_steps) == ("timed", 10)
     assert _other_reference(default) == ("loaded", 1) and _other_steps(default) == 1
     former = default.model_copy(update={"pace_reference": "loaded", "pace_steps": 1})
     assert _other_reference(former) == ("alone", 10) and _other_steps(former) == 10
-    assert _other_against(default) == "alone" and _other_against(former) == "alone"
+    assert _other_against(default) == "loaded" and _other_against(former) == "alone"
     assert _other_against(default.model_copy(update={"pace_reference": "alone"})) == "loaded"
 
 

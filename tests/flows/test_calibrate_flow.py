@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prefect.exceptions import PrefectException
 
@@ -81,4 +82,13 @@ def test_failed_slice_fails_the_flow_and_the_rerun_reuses_the_rest(prefect_serve
     assert [p.stat().st_mtime_ns for p in done] == stamps   # reused, not rerun
     assert len(sorted(stages.glob(f"timing/*/s1/slice_*/{SLICE_DONE}"))) == 2
     assert len(sorted(stages.glob(f"timing/*/s1/loaded_*/{CO_RUN}"))) == 2
+    # the second timing pass (the default) ran its slices in calibrated time and loaded runs of its
+    # own; its timeline's alone spans are those slices' compute, what an emulation's pace is read
+    # against (emulation.pace_reference: timed, replay/follow.py)
+    assert doc["timing_passes"] == 2
+    assert len(sorted(stages.glob(f"timing/*/s1/refined_*/loaded_*/{CO_RUN}"))) == 2
+    with np.load(tmp_path / "out" / "timeline.npz") as timeline:
+        assert bool(timeline["timed_pass"]) and "alone_span" in timeline.files
+    with np.load(tmp_path / "out" / "timeline_pass1.npz") as first:
+        assert not bool(first["timed_pass"])
     assert_nothing_left(tmp_path, script)

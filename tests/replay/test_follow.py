@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from prism_core.replay import follow
-from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute, shared_cores
+from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute, reference_spans, shared_cores
 from prism_core.trace.flight import Flight
 from prism_core.trace.schema import COMM, COMPUTE
 
@@ -113,3 +113,20 @@ def test_pace_over_several_steps_grows_to_that_many_then_slides(tmp_path):
     assert f.factor() == pytest.approx(0.120 / 0.080)   # steps 1 and 2: step 0 left the window
     stats = f.stats()
     assert stats["steps"] == 2 and stats["against"] == "alone" and stats["updates"] == 3
+
+
+def test_the_timed_reference_reads_the_alone_spans_only_of_a_timed_pass():
+    span, alone = np.array([1.0, 2.0]), np.array([0.9, 1.8])
+
+    def read(alone_span, timed_pass, reference):
+        against, name = reference_spans(span, alone_span, timed_pass, reference)
+        return ("alone_span" if against is alone else "span" if against is span else "?"), name
+
+    assert read(alone, True, "timed") == ("alone_span", "timed")
+    # a timeline of one pass: its alone spans are a plain slice's, not an emulation's
+    assert read(alone, False, "timed") == ("span", "loaded")
+    assert read(None, True, "timed") == ("span", "loaded")
+    assert read(alone, False, "alone") == ("alone_span", "alone")
+    assert read(alone, True, "loaded") == ("span", "loaded")
+    with pytest.raises(ValueError, match="alone, loaded or timed"):
+        reference_spans(span, alone, True, "plain")
