@@ -60,9 +60,13 @@ def test_moe_pp2_slices_predict_every_rank_with_the_real_runs_memory(tmp_path):
         # the program really ran in its slice: its peak memory is the real run's, to the byte
         assert entry["peak_memory_bytes"] == real["ranks"][r]["peak_memory_bytes"]
     assert (tmp_path / "calibrate" / "metrics.json").is_file()
-    assert (tmp_path / "calibrate" / "timeline.npz").is_file()
-    _compute_spans_come_from_the_loaded_runs(graph.trace, jobs, document, tmp_path / "calibrate" / "timeline.npz",
-                                             cfg.job.warmup)
+    # two timing passes (the default): the timeline is the second's, whose slices replayed the first's
+    assert document["timing_passes"] == 2
+    with np.load(tmp_path / "calibrate" / "timeline.npz") as last:
+        assert bool(last["timed_pass"])
+    # the first pass's slices and loaded runs, against the first pass's timeline
+    _compute_spans_come_from_the_loaded_runs(graph.trace, jobs, document,
+                                             tmp_path / "calibrate" / "timeline_pass1.npz", cfg.job.warmup)
 
 
 def _compute_spans_come_from_the_loaded_runs(trace, jobs, document, timeline, warmup: int) -> None:
@@ -169,7 +173,7 @@ def test_a_dp_replica_runs_for_real_beside_its_slice_and_gives_its_compute(tmp_p
     assert document["loaded_compute"]["replicas_measured"] == [1]
     match = match_ops(graph.trace)
     measured = slice_timings(graph.trace, match, replica_dir, [1])[1]
-    model = np.load(tmp_path / "calibrate" / "timeline.npz")
+    model = np.load(tmp_path / "calibrate" / "timeline_pass1.npz")     # the pass of these slices
     s = graph.trace.rank_slice(1)
     compute = graph.trace.columns["kind"][s] == COMPUTE
     assert np.array_equal(model["span"][s][compute], measured.span[compute])
