@@ -1280,7 +1280,7 @@ class ReplayTiming:
     issue_cost: np.ndarray  # per node: seconds a real rank took from issuing the op to the wire
     alone_span: np.ndarray | None = None   # per node: compute as its rank took it alone (calibrate/predict.py)
     moments: NodeMoments | None = None     # when each node ran, in the timeline and where measured (replay/steady.py)
-    timed_pass: bool = False               # the alone spans are timed slices' (a second timing pass), as an emulation times
+    timed_pass: bool = False               # the alone spans are a timed pass's slices' (as an emulation times)
 
 
 def load_timing(path: Path) -> ReplayTiming:
@@ -1378,7 +1378,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
 
         assistant.stopped = StoppedTime.from_env()
         if follow_pace is not None:
-            from prism_core.replay.follow import PaceFollower, pace_ranks, reference_compute, reference_spans, shared_cores
+            from prism_core.replay.follow import (PaceFollower, pace_ranks, reference_compute, reference_spans,
+                                                  shared_cores)
 
             placement = Path(result_dir) / "placement.json"     # the launcher writes it before starting us
             off = shared_cores(json.loads(placement.read_text()) if placement.is_file() else {})
