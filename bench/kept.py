@@ -24,6 +24,22 @@ def kept_pairs(keep: Path) -> Iterator[tuple[str, Trace, Path]]:
                 yield config.name.removeprefix("tiny_moe_w2_"), trace, pair
 
 
+def chosen_pairs(keep: Path, configs: str | None, per_config: int) -> dict[str, list[tuple[Path, Path, Trace]]]:
+    """Per config (short name), its first `per_config` kept pairs as (pair directory, graph
+    directory, graph), of the `configs` named (comma-separated; None: every kept one); SystemExit
+    where none is kept."""
+    wanted = None if configs is None else set(configs.split(","))
+    pairs: dict[str, list[tuple[Path, Path, Trace]]] = {}
+    for config, trace, pair in kept_pairs(keep):
+        graph = next((keep / f"tiny_moe_w2_{config}" / "collect").glob("*/trace.zarr")).parent
+        if (wanted is None or config in wanted) and len(pairs.setdefault(config, [])) < per_config:
+            pairs[config].append((pair, graph, trace))
+    pairs = {c: p for c, p in pairs.items() if p}
+    if not pairs:
+        raise SystemExit(f"no kept pair with a second record under {keep}" + (f" for {configs}" if wanted else ""))
+    return pairs
+
+
 def warmup_steps(run: Path) -> int:
     """A kept run's warm-up steps, as it ran them (bench/fidelity.py sets its own)."""
     return int(json.loads((run / "config.json").read_text())["job"]["warmup"])

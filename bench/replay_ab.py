@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from fidelity import _rank_figure as figure    # a run's rank's median step after the warm-up
-from kept import kept_pairs, warmup_steps
+from kept import chosen_pairs, warmup_steps
 from turns import take_turns, unstop_run
 
 
@@ -117,22 +117,13 @@ def main() -> None:
     if not args.keep.is_dir():
         raise SystemExit(f"{args.keep}: not a directory")
     a, b = checkout("A", args.a), checkout("B", args.b)
-    wanted = None if args.configs is None else set(args.configs.split(","))
-    pairs: dict[str, list[tuple[Path, Path]]] = {}
-    for config, _, pair in kept_pairs(args.keep):
-        graph = next((args.keep / f"tiny_moe_w2_{config}" / "collect").glob("*/trace.zarr")).parent
-        if (wanted is None or config in wanted) and len(pairs.setdefault(config, [])) < args.pairs:
-            pairs[config].append((pair, graph))
-    pairs = {c: p for c, p in pairs.items() if p}
-    if not pairs:
-        raise SystemExit(f"no kept pair with a second record under {args.keep}"
-                         + (f" for {args.configs}" if wanted else ""))
+    pairs = chosen_pairs(args.keep, args.configs, args.pairs)
     print(f"A = {a.root} ({a.commit}), B = {b.root} ({b.commit}); turns of {args.turns:g} s", flush=True)
     effects: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="prism-replay-ab-") as tmp:
         n = 0
         for config, found in pairs.items():
-            for pair, graph in found:
+            for pair, graph, _ in found:
                 for k in range(args.rounds):
                     sides = (a, b) if n % 2 == 0 else (b, a)
                     n += 1

@@ -30,7 +30,7 @@ from pathlib import Path
 from emulated_pace import _part, compute_per_step
 from fidelity import _rank_figure as figure
 from fidelity import launch_cmd
-from kept import kept_pairs, warmup_steps
+from kept import chosen_pairs, warmup_steps
 from replay_ab import emulate_cmd, interval
 from turns import graph_progress, take_turns, unstop_run
 
@@ -87,29 +87,19 @@ def main() -> None:
         raise SystemExit(f"{args.keep}: not a directory")
     if len(lengths) < 2 or min(lengths) <= 0:
         raise SystemExit("--lengths: two or more turn lengths, each > 0")
-    wanted = None if args.configs is None else set(args.configs.split(","))
-    pairs: dict[str, list[tuple[Path, Path]]] = {}
-    nodes: dict[str, dict[int, int]] = {}
-    for config, trace, pair in kept_pairs(args.keep):
-        nodes[config] = {r: trace.num_nodes(r) for r in range(trace.world_size)}
-        graph = next((args.keep / f"tiny_moe_w2_{config}" / "collect").glob("*/trace.zarr")).parent
-        if (wanted is None or config in wanted) and len(pairs.setdefault(config, [])) < args.pairs:
-            pairs[config].append((pair, graph))
-    pairs = {c: p for c, p in pairs.items() if p}
-    if not pairs:
-        raise SystemExit(f"no kept pair with a second record under {args.keep}"
-                         + (f" for {args.configs}" if wanted else ""))
+    pairs = chosen_pairs(args.keep, args.configs, args.pairs)
     got: dict[tuple[str, float], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="prism-turn-length-") as tmp:
         n = 0
         for config, found in pairs.items():
-            for pair, graph in found:
+            for pair, graph, trace in found:
+                nodes = {r: trace.num_nodes(r) for r in range(trace.world_size)}
                 for k in range(args.rounds):
                     order = lengths if n % 2 == 0 else lengths[::-1]
                     n += 1
                     for t in order:
                         out = Path(tmp) / f"{config}_{pair.name}_{k}_{t:g}"
-                        row = one_round(pair, config, graph, nodes[config], t, out, args.timeout)
+                        row = one_round(pair, config, graph, nodes, t, out, args.timeout)
                         got.setdefault((config, t), []).append(row)
                         print(f"{config} {pair.name} round {k + 1} turns {t:g} s: record {row['real']:.4f} s  "
                               f"emulated {100 * row['error']:+.2f}%  s {row['s']:.3f}", flush=True)
