@@ -76,8 +76,9 @@ def test_a_stop_does_not_shorten_what_the_virtual_rank_computes(tmp_path, monkey
     config, script = make_job(tmp_path, BUSY_SENDER_SCRIPT, name="busy", iterations=7)
     cfg = load_config(config, ["emulation.sandbox=1", "emulation.ranks_of_interest=0"])
     graph = collect(cfg, tmp_path / "collect")
-    # one timing pass: the stop is this test's subject (with two, the default, rank 0's calibrated
-    # compute once came above follow.MIN_SHARE of rank 1's on a loaded machine, and its pace was read)
+    # one timing pass: the stop is this test's subject (with two, the default, one of rank 0's compute
+    # nodes stalled 0.63 s in the second pass's slice in a loaded `make test`, which put rank 0's
+    # calibrated compute above follow.MIN_SHARE of rank 1's, and its pace was read)
     doc = time_and_calibrate(cfg, graph.trace, graph.directory, tmp_path / "timing", tmp_path / "calibrate",
                              passes=1)
     # rank 1's calibrated compute: 0.3 s less the waits for a core a loaded machine gave it
