@@ -62,7 +62,7 @@ assistant than beside a real peer (bench/MEASURED.md item 61).
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
                                        [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-against] [--other-steps] [--other-ahead] [--other-spans]
-                                       [--passes 2 [--emulate-second]]] [--pace-reference alone|loaded] [--join-late]
+                                       [--passes 2 [--emulate-second]]] [--pace-reference alone|loaded|timed] [--join-late]
                                        [--keep DIR]
 
 Names resolve to configs/tiny_moe_w2_<name>.yaml; a path takes any config (larger W on a

@@ -69,7 +69,8 @@ def emulate_cmd(co: Checkout, config: str, run: Path, graph: Path, timeline: Pat
             str(timeline), str(rank), "--config", config, "--steps", str(job["iterations"]),
             "--sandbox", str(em["sandbox"]), "--neighbours", em["neighbours"], "--no-join-late",
             "--virtual-spans", em["virtual_spans"],
-            # only where not the default: a checkout from before the option has no `--pace-reference`
+            # not for "loaded": a checkout from before the option has no `--pace-reference`, and a
+            # later one reads the loaded spans on the one-pass timelines such emulations replayed
             *(["--pace-reference", em["pace_reference"]] if em.get("pace_reference", "loaded") != "loaded" else [])]
 
 
