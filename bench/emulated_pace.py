@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kept import read_kept, trace_part, warmup_steps
+from kept import read_kept, replayed_timeline, trace_part, warmup_steps
 from prism_core.trace.flight import COMPUTE_NS_FIELD
 from prism_core.trace.schema import COMPUTE
 
@@ -72,15 +72,6 @@ def _figure(run: Path, rank: int) -> float:
 
 def _pace(run: Path) -> dict:
     return json.loads((run / "replay" / "stats.json").read_text()).get("follow_pace") or {}
-
-
-def replayed_timeline(pair: Path) -> Path:
-    """The timeline a kept pair's emulations replayed: the second pass's where the pair ran it by
-    itself before them (`fidelity.py --emulate-second`: its turns' stops in `logs/p_stops.json`),
-    else the first pass's."""
-    if (pair / "logs" / "p_stops.json").is_file():
-        return pair / "calibrate2" / "timeline_pass2.npz"
-    return pair / "calibrate" / "timeline.npz"
 
 
 def read_pair(config: str, pair: Path, offsets: np.ndarray, compute: np.ndarray) -> list[Emulation]:

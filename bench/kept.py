@@ -40,6 +40,16 @@ def chosen_pairs(keep: Path, configs: str | None, per_config: int) -> dict[str, 
     return pairs
 
 
+def replayed_timeline(pair: Path) -> Path:
+    """The timeline a kept pair's emulations replayed: the second pass's where the pair ran it by
+    itself before them (`fidelity.py --emulate-second`: its turns' stops in `logs/p_stops.json`),
+    else the first pass's. Emulating such a pair again on the first pass's timeline would read
+    `timed` on a timeline that has no timed pass, that is, against the loaded spans."""
+    if (pair / "logs" / "p_stops.json").is_file():
+        return pair / "calibrate2" / "timeline_pass2.npz"
+    return pair / "calibrate" / "timeline.npz"
+
+
 def warmup_steps(run: Path) -> int:
     """A kept run's warm-up steps, as it ran them (bench/fidelity.py sets its own)."""
     return int(json.loads((run / "config.json").read_text())["job"]["warmup"])

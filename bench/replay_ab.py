@@ -5,8 +5,9 @@ An emulation's error against `prism record` moves with this machine by several p
 run to the next (bench/MEASURED.md items 57-58: a pair's second record up to 36% from its first),
 so two fidelity runs hours apart cannot tell a change in the replay from the machine. Here each
 kept pair of `bench/fidelity.py --turns ... --keep KEEP` is emulated again, each rank of interest
-once with checkout A's code and once with B's, on the pair's own graph and calibrated timeline
-(`calibrate/timeline.npz`) and with the settings its kept emulations ran with; the launches of a
+once with checkout A's code and once with B's, on the pair's own graph and the calibrated
+timeline its kept emulations replayed (`kept.replayed_timeline`: the second pass's after
+`--emulate-second`) and with the settings they ran with; the launches of a
 round (each rank, each checkout) take turns (bench/turns.py), their stopped time taken out. A
 pair's emulated figure is the mean over its ranks of each one's median step, as fidelity.py takes
 it, and B's over A's is the change's effect with the machine's drift shared by both. A and B are
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from fidelity import _rank_figure as figure    # a run's rank's median step after the warm-up
-from kept import chosen_pairs, warmup_steps
+from kept import chosen_pairs, replayed_timeline, warmup_steps
 from turns import take_turns, unstop_run
 
 
@@ -92,7 +93,7 @@ def one_round(pair: Path, config: str, graph: Path, sides: tuple[Checkout, Check
     kept = json.loads((pair / f"emulate_{ranks[0]}" / "config.json").read_text())
     warmup = warmup_steps(pair / f"emulate_{ranks[0]}")
     launches = [(co, r, out / f"{co.name}_{r}") for co in sides for r in ranks]
-    cmds = [emulate_cmd(co, config, run, graph, pair / "calibrate" / "timeline.npz", r, kept)
+    cmds = [emulate_cmd(co, config, run, graph, replayed_timeline(pair), r, kept)
             for co, r, run in launches]
     (out / "logs").mkdir(parents=True, exist_ok=True)
     # each in its own checkout: before `launch/child_python.py` a child's `python -m` imported the

@@ -7,9 +7,9 @@ is the cost of caches left cold after each stop, taken to be alike for every lau
 runs two ranks at once, each with its model and its data, and an emulation one rank beside its
 assistant, so the refill after a stop need not cost them alike. Here each kept pair of
 `fidelity.py --turns ... --keep KEEP` runs again, a record of its job and one emulation per
-rank on the pair's own graph and calibrated timeline (with the kept emulations' settings),
-taking turns of each length of `--lengths` in turn (their order alternating from round to
-round). Per length: the emulated error against that round's record (pair-wise, the mean over
+rank on the pair's own graph and the calibrated timeline its emulations replayed (with their
+settings), taking turns of each length of `--lengths` in turn (their order alternating from
+round to round). Per length: the emulated error against that round's record (pair-wise, the mean over
 the ranks of each one's median step, as fidelity.py takes it), and s, each emulated rank's
 compute per step over the record's same rank. An error that moves towards 0 with longer turns
 is the turns' own, not the emulation's.
@@ -30,7 +30,7 @@ from pathlib import Path
 from emulated_pace import _part, compute_per_step
 from fidelity import _rank_figure as figure
 from fidelity import launch_cmd
-from kept import chosen_pairs, warmup_steps
+from kept import chosen_pairs, replayed_timeline, warmup_steps
 from replay_ab import emulate_cmd, interval
 from turns import graph_progress, take_turns, unstop_run
 
@@ -58,7 +58,7 @@ def one_round(pair: Path, config: str, graph: Path, nodes: dict[int, int], turn_
     cmds = [launch_cmd(["record", str(record)], config, int(kept["job"]["iterations"]),
                        int(kept["emulation"]["sandbox"]), kept["emulation"]["neighbours"])]
     runs = [record] + [out / f"emulate_{r}" for r in ranks]
-    cmds += [emulate_cmd(Here, config, out / f"emulate_{r}", graph, pair / "calibrate" / "timeline.npz",
+    cmds += [emulate_cmd(Here, config, out / f"emulate_{r}", graph, replayed_timeline(pair),
                          r, kept) for r in ranks]
     (out / "logs").mkdir(parents=True, exist_ok=True)
     progress = [graph_progress([(record, list(range(world)))], nodes)]

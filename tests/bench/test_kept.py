@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from kept import kept_pairs, warmup_steps  # noqa: E402
+from kept import kept_pairs, replayed_timeline, warmup_steps  # noqa: E402
 
 from prism_core.trace import write_trace  # noqa: E402
 from tests.replay.test_steady import _two_ranks  # noqa: E402
@@ -30,3 +30,13 @@ def test_kept_pairs_are_those_with_a_second_record_under_configs_with_a_graph(tm
 def test_warmup_steps_are_those_the_kept_run_ran_with(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"job": {"warmup": 3, "iterations": 60}}))
     assert warmup_steps(tmp_path) == 3
+
+
+def test_the_replayed_timeline_is_the_second_passes_where_the_pair_ran_it_by_itself(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    (one / "logs").mkdir(parents=True)
+    (two / "logs").mkdir(parents=True)
+    (one / "logs" / "stops.json").write_text("{}")
+    (two / "logs" / "p_stops.json").write_text("{}")    # fidelity.py --emulate-second's own turns
+    assert replayed_timeline(one) == one / "calibrate" / "timeline.npz"
+    assert replayed_timeline(two) == two / "calibrate2" / "timeline_pass2.npz"
