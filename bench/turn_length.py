@@ -9,9 +9,9 @@ assistant, so the refill after a stop need not cost them alike. Here each kept p
 `fidelity.py --turns ... --keep KEEP` runs again, a record of its job and one emulation per
 rank on the pair's own graph and the calibrated timeline its emulations replayed (with their
 settings), taking turns of each length of `--lengths` in turn (their order alternating from
-round to round). Per length: the emulated error against that round's record (pair-wise, the mean over
-the ranks of each one's median step, as fidelity.py takes it), and s, each emulated rank's
-compute per step over the record's same rank. An error that moves towards 0 with longer turns
+round to round). Per length: the emulated error against that round's record (pair-wise, the
+mean over the ranks of each one's median step, as fidelity.py takes it), and s, each emulated
+rank's compute per step over the record's same rank. An error that moves towards 0 with longer turns
 is the turns' own, not the emulation's.
 
     .venv/bin/python bench/turn_length.py KEEP [--configs ep2,tp2] [--pairs 2] [--rounds 1]
