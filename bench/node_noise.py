@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from prism_core.replay.steady import deviations, matched_noise, node_moments, steady_spans
-from kept import part_spans, read_kept, runs_by_spans, steady_grids, warmup_steps
+from kept import part_spans, read_kept, replayed_timeline, runs_by_spans, steady_grids, warmup_steps
 from prism_core.trace import Trace
 
 
@@ -65,7 +65,7 @@ def read_pair(config: str, pair: Path, trace: Trace) -> list[NodeNoise]:
         return []
     record = pair / "record_e"
     warmup = warmup_steps(record)
-    with np.load(pair / "calibrate" / "timeline.npz") as timeline:
+    with np.load(replayed_timeline(pair)) as timeline:
         span, moments = timeline["span"], node_moments(timeline)
     grids = steady_grids(trace, warmup)
     if grids is None:

@@ -35,7 +35,7 @@ import numpy as np
 
 from emulated_pace import compute_per_step
 from fidelity import _rank_figure as figure
-from kept import read_kept, trace_part, warmup_steps
+from kept import read_kept, replayed_timeline, trace_part, warmup_steps
 from prism_core.trace import Trace
 
 FIELDS = ("kind", "step", "t_start", "t_end")
@@ -84,7 +84,7 @@ def read_pair(config: str, trace: Trace, pair: Path) -> list[PeerDrift]:
         return []
     record, second = pair / "record", pair / "record_e"
     warmup = warmup_steps(second)
-    with np.load(pair / "calibrate" / "timeline.npz") as timeline:
+    with np.load(replayed_timeline(pair)) as timeline:
         span = timeline["span"]
     runs = {name: tuple(compute_per_step(**trace_part(run, r, FIELDS), warmup=warmup_steps(run)) for r in range(2))
             for name, run in (("record", record), ("second", second))}

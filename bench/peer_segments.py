@@ -9,7 +9,7 @@ Per emulation of a two-rank config and per way it ran (`emulate_<rank>` as confi
 - after: the time from both having issued to the rank leaving the collective (the transfer);
 - segments: the peer's, from the rank leaving a collective to the peer's issue of its next one;
 - timeline x pace: the calibrated spans of the peer's nodes between those two collectives
-  (`calibrate/timeline.npz` -> `span`) times the pace its virtual rank followed
+  (`span` of the timeline it replayed, `kept.replayed_timeline`) times the pace its virtual rank followed
   (`replay/stats.json` -> `follow_pace`): what the virtual peer's clock runs between them. Its
   arrival is its hand-over to gloo less the issue cost it was held for, so that cost is not in
   its segments; what they take beyond this is the virtual peer's lag (late hand-overs, and its
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kept import read_kept, trace_part, warmup_steps
+from kept import read_kept, replayed_timeline, trace_part, warmup_steps
 from prism_core.trace.schema import COMM, P2P_OPS
 
 FIELDS = ("kind", "op", "group", "seq", "step", "t_start", "t_end")
@@ -104,7 +104,7 @@ def read_pair(config: str, pair: Path, offsets: np.ndarray) -> list[Emulation]:
     if len(offsets) != 3:       # two ranks: each emulation's peer is the one virtual rank
         return []
     record = pair / "record_e"
-    with np.load(pair / "calibrate" / "timeline.npz") as timeline:
+    with np.load(replayed_timeline(pair)) as timeline:
         span = timeline["span"]
     out = []
     for r in (0, 1):

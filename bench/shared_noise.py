@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kept import part_spans, read_kept, runs_by_spans, steady_grids
+from kept import part_spans, read_kept, replayed_timeline, runs_by_spans, steady_grids
 from prism_core.calibrate.durations import steady_steps
 from prism_core.calibrate.predict import predict
 from prism_core.calibrate.stage import plan_orders, replica_runs, slice_jobs
@@ -126,7 +126,7 @@ def read_pair(config: str, trace: Trace, pair: Path) -> list[SharedNoise]:
     warmup = int(json.loads((pair / "record_e" / "config.json").read_text())["job"]["warmup"])
     record = tuple(shared_noise(trace, _record_spans(pair / run, 2), 1, 0, warmup) if (pair / run).is_dir() else None
                    for run in ("record", "record_e"))
-    with np.load(pair / "calibrate" / "timeline.npz") as timeline:
+    with np.load(replayed_timeline(pair)) as timeline:
         span, moments = timeline["span"], node_moments(timeline)
     drawn = span                  # what the pair's emulations replayed
     again = False
@@ -149,7 +149,7 @@ def _calibrated_again(trace: Trace, pair: Path) -> tuple[np.ndarray, NodeMoments
     """The pair's kept slices calibrated again with this code (the timeline's spans and
     `NodeMoments`), as its calibration ran them (its emulation's config); the kept timeline's spans
     and None where its slices are not all there."""
-    with np.load(pair / "calibrate" / "timeline.npz") as timeline:
+    with np.load(replayed_timeline(pair)) as timeline:
         span = timeline["span"]
     emulated = sorted(pair.glob("emulate_*/config.json"))
     collect = [d for d in (pair.parent / "collect").iterdir() if d.is_dir()] if (pair.parent / "collect").is_dir() else []
