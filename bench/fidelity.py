@@ -44,6 +44,9 @@ plain runs' over ten), and a line after the table gives both; with `--other-step
 read as configured but over one step (`emulation.pace_steps`). With `--other-ahead` each emulation
 runs again with what its virtual ranks send built the other way (`emulation.build_ahead`: by
 default while they compute up to the op, not when it comes due), and a line after the table gives both.
+With `--other-combine` each emulation runs again with a virtual rank between two sandbox ranks on a
+ring combining each reduce step's receive the other way (`emulation.ring_combine`, replay/ring.py),
+and a line after the table gives both.
 With `--other-spans` each emulation runs again with its virtual ranks' spans the other way
 (`emulation.virtual_spans`: each node's as timed, or its position's trimmed mean over the steady
 steps, replay/steady.py), and a line after the table gives both.
@@ -61,7 +64,7 @@ is how far the machine moved since, not also how differently a rank computes bes
 assistant than beside a real peer (bench/MEASURED.md item 61).
 
     .venv/bin/python bench/fidelity.py [--configs pp2,dp2,tp2,ep2] [--pairs 3] [--passes 1] [--steps 12]
-                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-against] [--other-steps] [--other-ahead] [--other-spans]
+                                       [--turns 0.3 [--no-emulate] [--other-join | --other-corun | --other-awake] [--other-cost] [--other-spin] [--other-pace] [--other-reference] [--other-against] [--other-steps] [--other-ahead] [--other-combine] [--other-spans]
                                        [--passes 2 [--emulate-second]]] [--pace-reference alone|loaded|timed] [--join-late]
                                        [--keep DIR]
 
@@ -430,6 +433,10 @@ VARIANTS = (
     EmulationVariant("other_ahead", "ahead", "emulate-ahead", False,
                      lambda e: "with what the virtual ranks send built " + ("when the op comes due" if e.build_ahead
                                                                              else "while they compute up to it")),
+    EmulationVariant("other_combine", "combine", "emulate-combine", False,
+                     lambda e: "with a virtual rank between two sandbox ranks " + (
+                         "sending on as soon as it receives" if e.ring_combine
+                         else "combining each reduce step's receive first")),
     EmulationVariant("other_spans", "spans", "emulate-spans", False,
                      lambda e: "with the virtual ranks' spans " + ("as timed" if _other_spans(e) == "timed"
                                                                    else "steady beside the sandbox ranks "
@@ -649,7 +656,7 @@ def _launch(args) -> None:
         graph, sandbox, timeline = rest
         run_slice(cfg, Path(graph), [int(r) for r in sandbox.split(",")], Path(out), Path(timeline))
     elif kind in ("emulate", "emulate-awake", "emulate-pace", "emulate-ref", "emulate-steps", "emulate-ahead", "emulate-spans",
-                  "emulate-against"):
+                  "emulate-against", "emulate-combine"):
         # "emulate OUT GRAPH TIMELINE RANK"; -awake: cores the other way; -pace: following the pace the other way
         graph, timeline, rank = rest
         if kind == "emulate-awake":
@@ -661,6 +668,9 @@ def _launch(args) -> None:
         if kind == "emulate-spans":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"virtual_spans": _other_spans(cfg.emulation)})})
+        if kind == "emulate-combine":
+            cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
+                update={"ring_combine": not cfg.emulation.ring_combine})})
         if kind == "emulate-ahead":
             cfg = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(
                 update={"build_ahead": not cfg.emulation.build_ahead})})
@@ -758,6 +768,10 @@ def main() -> None:
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with what "
                              "its virtual ranks send built the other way (emulation.build_ahead); printed after the "
                              "table")
+    parser.add_argument("--other-combine", action="store_true",
+                        help="with --turns and the emulations: each emulation also runs, taking turns too, with a "
+                             "virtual rank between two sandbox ranks on a ring combining each reduce step's receive "
+                             "the other way (emulation.ring_combine); printed after the table")
     parser.add_argument("--other-spans", action="store_true",
                         help="with --turns and the emulations: each emulation also runs, taking turns too, with its "
                              "virtual ranks' spans the other way (emulation.virtual_spans: paired where matched, as "

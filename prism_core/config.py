@@ -151,6 +151,11 @@ class EmulationConfig(_Strict):
                                                 "partials folded from the tensor cache) while they compute up to "
                                                 "the op, as a real rank has its data at hand when it arrives "
                                                 "(replay/assistant.py _build_ahead); false: when the op comes due")
+    ring_combine: bool = Field(True, description="a virtual rank between two sandbox ranks on a ring (every virtual "
+                                                 "rank of a W=2 ring) combines what it receives at each reduce step "
+                                                 "with its own input's chunk before it sends on, as a real member "
+                                                 "does (replay/ring.py): what it sends comes from the tensor cache, "
+                                                 "so only its time changes, which the sandbox rank waits for")
     awake_while_computing: bool = Field(True, description="a timed run placed alone (an emulation, a second timing "
                                                           "pass) keeps its assistant's cores awake while its virtual "
                                                           "ranks compute and lets them idle while they wait for the "

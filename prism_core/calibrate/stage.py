@@ -64,13 +64,16 @@ def slice_jobs(cfg: PrismConfig, trace: Trace, graph_dir: Path, timing_root: Pat
 
 def _timed_kind(cfg: PrismConfig, timed: bool) -> str:
     """The settings a slice's spans depend on beyond its key, in its directory's name, so that a
-    changed setting runs it afresh: its assistant's cores kept awake and, in a timed slice (a
-    second pass), its virtual ranks following the pace and taking steady spans."""
+    changed setting runs it afresh: its assistant's cores kept awake, its ring neighbours not
+    combining (`ring_combine` off) and, in a timed slice (a second pass), its virtual ranks
+    following the pace and taking steady spans."""
     kind = "_awake" if awake_setting(cfg, timed) else ""
     if timed and cfg.emulation.follow_pace:
         kind += "_pace"
     if timed and cfg.emulation.virtual_spans != "timed":
         kind += "_" + cfg.emulation.virtual_spans
+    if not cfg.emulation.ring_combine:
+        kind += "_nocombine"
     return kind
 
 
@@ -87,9 +90,11 @@ def replica_runs(jobs: list[SliceJob]) -> list[tuple[Path, list[int]]]:
 
 def _load_kind(cfg: PrismConfig) -> str:
     """What a loaded run's spans depend on beyond its slice: what computes beside it and, in a
-    co-run, its assistant's scheduling class (a changed setting runs the loaded runs afresh)."""
+    co-run, its assistant's scheduling class, and its ring neighbours not combining (a changed
+    setting runs the loaded runs afresh)."""
     e = cfg.emulation
-    return f"co_run_{e.co_run_assistant}" if e.neighbours == "co_run" else e.neighbours
+    kind = f"co_run_{e.co_run_assistant}" if e.neighbours == "co_run" else e.neighbours
+    return kind if e.ring_combine else kind + "_nocombine"
 
 
 def loaded_runs(cfg: PrismConfig) -> bool:

@@ -298,7 +298,8 @@ def _nth_of_rank_set(trace) -> list[int]:
 
 class Assistant:
     def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float, model=None,
-                 source: np.ndarray | None = None, pacer=None, late_join=None, spin=None, build_ahead: bool = True):
+                 source: np.ndarray | None = None, pacer=None, late_join=None, spin=None, build_ahead: bool = True,
+                 ring_combine: bool = True):
         from prism_core.replay.awake import CoreSpin
         from prism_core.replay.virtual_ops import Inputs
         from prism_core.trace.matching import match_ops
@@ -354,6 +355,7 @@ class Assistant:
         self.ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="build-ahead") \
             if model is not None and build_ahead else None
         self.built_ahead = 0      # ops whose sends were built ahead
+        self.ring_combine = ring_combine   # a virtual rank between two sandbox ranks combines as a real one
         self._comm_nodes: dict[int, tuple] = {}        # rank -> its comm nodes and compute so far (timed)
         self._ahead_next: dict[int, int] = {}          # rank -> its next comm node (by count) not yet built ahead
         self._ahead_rings: dict[int, list] = {}        # op id -> its ring parts, being built
@@ -924,7 +926,7 @@ class Assistant:
         for p in sorted(self._ring_neighbours(g)):
             rank_p = members[p]
             part = RingPart(kind=RING_KINDS[self.ring[i]], me=p, k=len(members), sandbox=sandbox, op=op,
-                            numel=numel, dtype=getattr(torch, dtype),
+                            numel=numel, dtype=getattr(torch, dtype), combine_work=self.ring_combine,
                             load=lambda n=nodes[rank_p]: self._ring_inputs(n, members, numel, dtype))
             out.append((rank_p, nodes[rank_p], part))
         return out
@@ -1306,7 +1308,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
                   join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None,
                   pace_reference: str = "loaded", pace_steps: int = 1, build_ahead: bool = True,
-                  virtual_spans: str = "timed", steady_from: int = 0) -> None:
+                  virtual_spans: str = "timed", steady_from: int = 0, ring_combine: bool = True) -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1371,7 +1373,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     from prism_core.replay.awake import CoreSpin
 
     spin = CoreSpin((awake_fds or []) if model is not None else [])
-    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join, spin, build_ahead)
+    assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join, spin, build_ahead,
+                          ring_combine)
     rss["assistant"] = resident_bytes()
     if model is not None:
         from prism_core.replay.stopped import StoppedTime
@@ -1478,6 +1481,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-build-ahead", action="store_true",
                         help="timed: build what a virtual rank sends when its op comes due, not while it computes "
                              "up to it (an ablation)")
+    parser.add_argument("--no-ring-combine", action="store_true",
+                        help="a virtual rank between two sandbox ranks on a ring sends on as soon as it has "
+                             "received, without the combine a real member does first (an ablation; replay/ring.py)")
     ns = parser.parse_args(argv)
     if (ns.pace or ns.join_late) and not ns.pace_socket:
         parser.error("--pace and --join-late need --pace-socket")
@@ -1493,7 +1499,7 @@ def main(argv: list[str] | None = None) -> None:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
                       ns.timing, pace, ns.pace_socket, ns.join_late,
                       [int(fd) for fd in ns.awake_fds.split(",") if fd], ns.follow_pace, ns.pace_reference,
-                      ns.pace_steps, not ns.no_build_ahead, ns.virtual_spans, ns.steady_from)
+                      ns.pace_steps, not ns.no_build_ahead, ns.virtual_spans, ns.steady_from, not ns.no_ring_combine)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

@@ -5,8 +5,11 @@ A sandbox rank at ring position p talks to p - 1 and p + 1 only. When one of the
 the assistant plays it: a left neighbour (p - 1) sends, step by step, what `pruned` builds from
 the tensor cache (the full ring's partials and blocks, so the sandbox rank ends with the full
 ring's bits); a right neighbour (p + 1) takes what the sandbox rank sends. A virtual rank that
-is both (a sandbox rank on each side) paces its sends on its receives, as the real ring does.
-Nobody else in the group exists on the wire. The part starts once every virtual member of the
+is both (a sandbox rank on each side) paces its sends on its receives, as the real ring does, and
+after each receive of a reduce step combines it with its own input's chunk as a real member
+does before it sends on (`combine_work`): what it sends comes from the cache, so the combine
+changes no bit, only its time, which a real member spends between its receive and its next send
+and which the sandbox rank waits for. Nobody else in the group exists on the wire. The part starts once every virtual member of the
 group has arrived at the op, as no member of the real ring could finish before that.
 """
 
@@ -21,6 +24,7 @@ import torch
 from prism_core.backend.pruned import (
     RING_TAG, allgather_sends, boundary_sends, chunk_bounds, reduce_scatter_sends,
 )
+from prism_core.backend.ring import combine_into
 
 
 def ring_neighbours(k: int, sandbox: set[int]) -> set[int]:
@@ -39,6 +43,7 @@ class RingPart:
     numel: int                     # elements of each member's input
     dtype: torch.dtype
     load: Callable[[], list[torch.Tensor]]    # every position's input (cached, or zeros), flat
+    combine_work: bool = True      # between two sandbox ranks: combine each reduce step's receive
     _ready: tuple | None = field(default=None, init=False, repr=False, compare=False)   # prepare()'s
     _building: Future | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -62,11 +67,14 @@ class RingPart:
     def _build(self) -> None:
         if self._ready is None:
             k, me = self.k, self.me
-            sends = self._sends() if (me + 1) % k in self.sandbox else None
-            recvs = None
+            inputs = self.load() if (me + 1) % k in self.sandbox else None
+            sends = self._sends(inputs) if inputs is not None else None
+            recvs = combine = None
             if (me - 1) % k in self.sandbox:   # what the sandbox rank sends, step by step
                 recvs = [torch.empty(n, dtype=self.dtype) for n in self._received_sizes()]
-            self._ready = (sends, recvs)
+                if inputs is not None and self.combine_work:
+                    combine = self._own_chunks(inputs[me])
+            self._ready = (sends, recvs, combine)
 
     def run(self, pg) -> tuple[list, list]:
         """Issue the part on this member's gloo group; returns (works, tensors to keep alive).
@@ -74,20 +82,35 @@ class RingPart:
         k, me = self.k, self.me
         left, right = (me - 1) % k, (me + 1) % k
         self.prepare()
-        sends, recvs = self._ready
+        sends, recvs, combine = self._ready
         self._ready = None
         if sends is not None and recvs is not None:
-            for out, into in zip(sends, recvs):
+            for s, (out, into) in enumerate(zip(sends, recvs)):
                 work = pg.send([out], right, RING_TAG)
                 pg.recv([into], left, RING_TAG).wait()
                 work.wait()
+                if combine is not None and s < len(combine):
+                    combine_into(into, combine[s], self.op)     # its time only: the receive is not kept
             return [], []
         if sends is not None:
             return [pg.send([t], right, RING_TAG) for t in sends], sends
         return [pg.recv([t], left, RING_TAG) for t in recvs], recvs
 
-    def _sends(self) -> list[torch.Tensor]:
-        inputs, sandbox = self.load(), set(self.sandbox)
+    def _own_chunks(self, mine: torch.Tensor) -> list[torch.Tensor]:
+        """The chunks of this member's own input a real member combines its receives with, one per
+        reduce step (backend/ring.py): all-reduce's reduce-scatter steps, every reduce-scatter step;
+        none for an all-gather."""
+        k, me = self.k, self.me
+        if self.kind == "allreduce":
+            bounds = chunk_bounds(self.numel, k)
+            return [mine[bounds[(me - 1 - s) % k][0]:bounds[(me - 1 - s) % k][1]] for s in range(k - 1)]
+        if self.kind == "reduce_scatter":
+            n = self.numel // k
+            return [mine[((me - 2 - s) % k) * n:((me - 2 - s) % k + 1) * n] for s in range(k - 1)]
+        return []
+
+    def _sends(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        sandbox = set(self.sandbox)
         if self.kind == "allreduce":
             rs, ag = boundary_sends(inputs, self.me, sandbox, self.op)
             return rs + ag

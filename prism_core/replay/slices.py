@@ -171,6 +171,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
               "--timeout", str(0.9 * cfg.job.timeout_s)]   # its report of blocked virtual ranks comes first
     if (graph_dir / CACHE_NAME).is_dir():
         helper += ["--cache", str(graph_dir / CACHE_NAME)]
+    if not cfg.emulation.ring_combine:
+        helper += ["--no-ring-combine"]
     if timing is not None:
         helper += ["--timing", str(timing)]
         if not cfg.emulation.build_ahead:

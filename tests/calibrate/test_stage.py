@@ -67,6 +67,8 @@ def test_a_short_co_run_is_filled_with_the_slices_dp_replicas_before_twins():
     (True, ["emulation.awake_while_computing=false", "emulation.follow_pace=false",
             "emulation.virtual_spans=timed"], ""),
     (True, ["emulation.awake_while_computing=false", "emulation.virtual_spans=timed"], "_pace"),
+    (False, ["emulation.ring_combine=false"], "_awake_nocombine"),
+    (True, ["emulation.ring_combine=false"], "_awake_pace_matched_nocombine"),
 ])
 def test_a_slice_directory_names_the_settings_its_spans_depend_on(timed, settings, kind):
     cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", settings)

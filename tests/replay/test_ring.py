@@ -98,6 +98,50 @@ def test_a_left_neighbour_sends_the_full_rings_partials():
         assert torch.equal(t, full[2][a:b])
 
 
+class _Zeros(_Recorder):
+    """As `_Recorder`, and every receive arrives as zeros and is kept, to see what was done with it."""
+    def __init__(self):
+        super().__init__()
+        self.into = []
+
+    def recv(self, tensors, src, tag):
+        tensors[0].zero_()
+        self.into.append(tensors[0])
+        return super().recv(tensors, src, tag)
+
+
+@pytest.mark.parametrize("kind, numel", [("allreduce", 23), ("reduce_scatter", 24), ("all_gather", 6)])
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_member_between_two_sandbox_ranks_combines_each_reduce_steps_receive_as_a_real_one(kind, numel, k):
+    from prism_core.backend.pruned import chunk_bounds
+
+    me, sandbox = k - 1, frozenset(range(k - 1))
+    inputs = [torch.randn(numel) for _ in range(k)]
+    runs = {}
+    for combine in (True, False):
+        pg = _Zeros()
+        RingPart(kind=kind, me=me, k=k, sandbox=sandbox, op="sum", numel=numel, dtype=torch.float32,
+                 load=lambda: inputs, combine_work=combine).run(pg)
+        runs[combine] = pg
+    on, off = runs[True], runs[False]
+    # the same bits sent, step by step, each step's send after the previous step's receive
+    assert len(on.sent) == len(off.sent) == len(on.into) and on.sent
+    assert all(d1 == d2 and torch.equal(a, b) for (d1, a), (d2, b) in zip(on.sent, off.sent))
+    assert all(not t.any() for t in off.into)
+    # the reduce steps' receives combined with the chunk of its own input a real member adds there
+    if kind == "allreduce":
+        bounds = chunk_bounds(numel, k)
+        own = [inputs[me][slice(*bounds[(me - 1 - s) % k])] for s in range(k - 1)]
+    elif kind == "reduce_scatter":
+        n = numel // k
+        own = [inputs[me][((me - 2 - s) % k) * n:((me - 2 - s) % k + 1) * n] for s in range(k - 1)]
+    else:
+        own = []
+    assert len(own) <= len(on.into)
+    for s, t in enumerate(on.into):
+        assert torch.equal(t, own[s]) if s < len(own) else not t.any()
+
+
 def _counted_parts(op: str, k: int = 4):
     """Two identical parts of virtual position k-1 (sandbox 0..k-2) that count their cache reads,
     and what the first sent when run as built at its op."""
