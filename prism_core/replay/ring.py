@@ -6,11 +6,11 @@ the assistant plays it: a left neighbour (p - 1) sends, step by step, what `prun
 the tensor cache (the full ring's partials and blocks, so the sandbox rank ends with the full
 ring's bits); a right neighbour (p + 1) takes what the sandbox rank sends. A virtual rank that
 is both (a sandbox rank on each side) paces its sends on its receives, as the real ring does, and
-after each receive of a reduce step combines it with its own input's chunk as a real member
+after each receive of a reduce step combines it with its own input's chunk, as a real member
 does before it sends on (`combine_work`): what it sends comes from the cache, so the combine
-changes no bit, only its time, which a real member spends between its receive and its next send
-and which the sandbox rank waits for. Nobody else in the group exists on the wire. The part starts once every virtual member of the
-group has arrived at the op, as no member of the real ring could finish before that.
+changes no bit, only its time, which the sandbox rank waits for. Nobody else in the group exists
+on the wire. The part starts once every virtual member of the group has arrived at the op, as no
+member of the real ring could finish before that.
 """
 
 from __future__ import annotations
