@@ -50,7 +50,11 @@ def test_launches_take_turns_and_none_is_left(tmp_path):
     a_free = stop_free(a, stops[0])
     # with the stops taken out, each launch's clock runs on without the other's turns
     assert np.all(np.diff(a_free[np.argsort(a[:, 0]), 0]) >= -1e-9)
-    assert (a_free[:, 1] - a_free[:, 0]).max() < 0.2
+    # a unit that ran across a stop of its launch loses just the stopped time (not a bound on the
+    # units' length: on a loaded machine one was seen 0.29 s long without any stop in it)
+    stopped = np.array([sum(max(0.0, min(u1, s1) - max(u0, s0)) for s0, s1 in stops[0]) for u0, u1 in a])
+    assert (stopped > 0).sum() >= 3
+    assert np.allclose(a_free[:, 1] - a_free[:, 0], (a[:, 1] - a[:, 0]) - stopped, atol=1e-6)
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     # each launch's stopped time so far, for an emulation's assistant (prism_core/replay/stopped.py):
     # written before each continue, so at the end it is all of them
