@@ -9,7 +9,11 @@ only the sandbox ranks' tree neighbours exist. The job's graph (per rank: start-
 the broadcast, the all-reduce, the end) is written for W ranks; at W=4 it is first checked equal,
 structurally, to the graph rules-mode collection records of the real script.
 
-    .venv/bin/python bench/scale.py [--worlds 64,256,1024,4096,8192,16384]
+    .venv/bin/python bench/scale.py [--worlds 64,256,1024,4096,8192,16384] [--virtual-ranks all,neighbours]
+
+Each W runs once per `emulation.virtual_ranks` mode: "all", the assistant replays every virtual
+rank (and reads the whole graph); "neighbours", only the virtual ranks the sandbox ranks talk to
+(replay/hosted.py), reading only their rows of the graph.
 
 Printed per W: the launch's wall time (process start to exit, both ranks and the assistant), the
 sandbox ranks' init, barrier and tree-collective times, the assistant's peak resident memory, its
@@ -84,7 +88,12 @@ def check_graph(tmp: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="64,256,1024,4096,8192,16384")
+    parser.add_argument("--virtual-ranks", default="all,neighbours",
+                        help="comma-separated emulation.virtual_ranks modes to run each W with")
     args = parser.parse_args()
+    modes = args.virtual_ranks.split(",")
+    if not modes or set(modes) - {"all", "neighbours"}:
+        parser.error("--virtual-ranks: all and/or neighbours")
     os.environ["TORCH_DIST_INIT_BARRIER"] = "1"     # collection skips it; the emulation must complete it
     rows = []
     with tempfile.TemporaryDirectory(prefix="prism-scale-") as tmp:
@@ -96,27 +105,31 @@ def main() -> None:
             graph.mkdir()
             write_trace(barrier_graph(world), graph / "trace.zarr")
             sandbox = [0, world // 2]
-            out = tmp / f"run{world}"
-            start = time.perf_counter()
-            run_with_assistant(config_from_dict(_config(world)), graph, sandbox, out)
-            wall = time.perf_counter() - start
-            ranks = [json.loads((out / "logs" / f"rank_{r}.log").read_text().strip().splitlines()[-1])
-                     for r in sandbox]
-            stats = json.loads((out / "replay" / "stats.json").read_text())
-            if not all(r["broadcast_ok"] for r in ranks):
-                raise SystemExit(f"W={world}: a sandbox rank did not get rank 0's broadcast: {ranks}")
-            rows.append((world, wall, max(r["init_s"] for r in ranks), max(r["barrier_s"] for r in ranks),
-                         max(r["trees_s"] for r in ranks), stats["max_rss_bytes"], stats["gloo_groups"],
-                         stats.get("gloo_members"), stats["wall_s"], _growth(stats.get("rss_bytes") or {})))
-            print(f"W={world}: {wall:.1f} s", flush=True)
-    print(f"\n{'W':>6} {'wall (s)':>9} {'init (s)':>9} {'barrier (s)':>11} {'trees (s)':>9} {'assistant RSS':>14} "
-          f"{'gloo groups':>11} {'members':>7} {'assistant (s)':>13}   {'+graph':>6} {'+set-up':>7} {'+groups':>7} {'+replay':>7} (MiB)")
-    for world, wall, init, barrier, trees, rss, groups, members, assistant, growth in rows:
-        print(f"{world:>6} {wall:9.2f} {init:9.3f} {barrier:11.3f} {trees:9.3f} {rss / 2**20:11.0f} MiB {groups:>11} "
+            for mode in modes:
+                out = tmp / f"run{world}_{mode}"
+                start = time.perf_counter()
+                run_with_assistant(config_from_dict(_config(world)), graph, sandbox, out, virtual_ranks=mode)
+                wall = time.perf_counter() - start
+                ranks = [json.loads((out / "logs" / f"rank_{r}.log").read_text().strip().splitlines()[-1])
+                         for r in sandbox]
+                stats = json.loads((out / "replay" / "stats.json").read_text())
+                if not all(r["broadcast_ok"] for r in ranks):
+                    raise SystemExit(f"W={world} ({mode}): a sandbox rank did not get rank 0's broadcast: {ranks}")
+                rows.append((mode, world, wall, max(r["init_s"] for r in ranks), max(r["barrier_s"] for r in ranks),
+                             max(r["trees_s"] for r in ranks), stats["max_rss_bytes"], stats["virtual_ranks"],
+                             stats.get("gloo_members"), stats["wall_s"], _growth(stats.get("rss_bytes") or {})))
+                print(f"W={world} ({mode}): {wall:.1f} s", flush=True)
+    print(f"\n{'virtual ranks':>13} {'W':>6} {'wall (s)':>9} {'init (s)':>9} {'barrier (s)':>11} {'trees (s)':>9} {'assistant RSS':>14} "
+          f"{'replayed':>8} {'members':>7} {'assistant (s)':>13}   {'+graph':>6} {'+set-up':>7} {'+groups':>7} {'+replay':>7} (MiB)")
+    for mode, world, wall, init, barrier, trees, rss, replayed, members, assistant, growth in \
+            sorted(rows, key=lambda row: (modes.index(row[0]), row[1])):
+        print(f"{mode:>13} {world:>6} {wall:9.2f} {init:9.3f} {barrier:11.3f} {trees:9.3f} {rss / 2**20:11.0f} MiB "
+              f"{replayed:>8} "
               f"{members if members is not None else '-':>7} {assistant:13.2f}   " + " ".join(f"{g:>{w}.0f}" if g is not None else f"{'-':>{w}}"
                                                for g, w in zip(growth, (6, 7, 7, 7))))
     print("wall: launch to exit of both sandbox ranks and the assistant (Python and torch start-up included); "
-          "init / barrier / trees (broadcast + all-reduce): inside the slower sandbox rank; members: of the assistant's "
+          "init / barrier / trees (broadcast + all-reduce): inside the slower sandbox rank; replayed: virtual ranks the "
+          "assistant replayed; members: of the assistant's "
           "gloo groups' gloo layers, all together; +graph / +set-up / +groups "
           "/ +replay: what the assistant's resident memory grew by loading the graph, setting up the replay, making "
           "its gloo groups (gloo's own state, per member of each group's gloo layer) and replaying")

@@ -27,7 +27,7 @@ import numpy as np
 
 from prism_core.collect.client import ENV_SOCKET
 from prism_core.collect.coordinator import CollectError, Coordinator
-from prism_core.collect.dedup import expand_replica, replica_source
+from prism_core.collect.dedup import expand_replica_with_groups, replica_source
 from prism_core.cache import CacheError
 from prism_core.collect.cached import ENV_TENSOR_CACHE
 from prism_core.collect.local import ENV_CACHE_OUT, ENV_RULES, ENV_USER_RULES
@@ -43,6 +43,7 @@ from prism_core.trace import STORE_NAME, Trace, merge_parts, validate, write_tra
 BUILTIN_RULES = {"builtin:moe_gpt": MOE_GPT_RULES}
 CACHE_NAME = "tensors.zarr"
 REPLICA_SOURCE = "replica_source.npy"   # rules mode with DP dedup: per rank, the replica-0 rank it copies
+GROUP_SOURCE = "group_source.npy"       # ... and per group, the group its nodes copy (-1: none)
 
 
 @dataclass
@@ -200,8 +201,9 @@ def _collect_in(cfg: PrismConfig, out_dir: Path, slots: int, mode: str, ranks: l
         return CollectResult(trace=trace, path=None, wall_s=time.monotonic() - start, switches=len(ranks))
     if ranks is not None:
         topo = Topology.from_config(cfg)
-        trace = expand_replica(trace, topo)
+        trace, group_source = expand_replica_with_groups(trace, topo)
         np.save(out_dir / REPLICA_SOURCE, replica_source(topo))   # whose cached inputs each rank replays
+        np.save(out_dir / GROUP_SOURCE, group_source)
     validate(trace)
     path = write_trace(trace, out_dir / STORE_NAME)
     switches = coordinator.switches if coordinator is not None else len(ranks or range(world))

@@ -42,6 +42,13 @@ def replica_source(topo: Topology) -> np.ndarray:
 
 def expand_replica(trace: Trace, topo: Topology) -> Trace:
     """A full W-rank trace built from the replica-0 ranks of `trace` (other ranks' rows are ignored)."""
+    return expand_replica_with_groups(trace, topo)[0]
+
+
+def expand_replica_with_groups(trace: Trace, topo: Topology) -> tuple[Trace, np.ndarray]:
+    """`expand_replica`, and per group of the expanded trace the group of `trace` it copies: a
+    copied rank's node on group g stands for its source rank's node on that group, at the same seq
+    (a replay that does not hold the copied rank's rows finds its cached input by it)."""
     if trace.world_size != topo.world_size:
         raise ValueError(f"trace has {trace.world_size} ranks, topology {topo.world_size}")
     groups = list(trace.groups)
@@ -68,12 +75,17 @@ def expand_replica(trace: Trace, topo: Topology) -> Trace:
         for r in topo.replica_ranks(0):
             source[int(image[r])] = (r, image)
     per_rank = []
+    copied: dict[int, int] = {}      # group of the expanded trace -> the group of `trace` its nodes copy
     for target in range(topo.world_size):
         r, image = source[target]
         cols = {k: v.copy() for k, v in trace.rank(r).items()}
         gmap = np.array([group_id(i, tuple(int(image[m]) for m in g)) for i, g in enumerate(trace.groups)] or [0],
                         dtype=np.int32)
         has_group = cols["group"] >= 0
+        for old in np.unique(cols["group"][has_group]).tolist():
+            if copied.setdefault(int(gmap[old]), old) != old:
+                raise ValueError(f"DP expansion: group {list(groups[gmap[old]])} copies both group "
+                                 f"{list(trace.groups[copied[int(gmap[old])]])} and group {list(trace.groups[old])}")
         cols["group"] = np.where(has_group, gmap[np.maximum(cols["group"], 0)], -1).astype(np.int32)
         has_peer = cols["peer"] >= 0
         old_group = trace.columns["group"][trace.rank_slice(r)]
@@ -89,5 +101,9 @@ def expand_replica(trace: Trace, topo: Topology) -> Trace:
     offsets[1:] = np.cumsum([len(c["kind"]) for c in per_rank])
     columns = {k: np.concatenate([c[k] for c in per_rank]) for k in trace.columns}
     peaks = [trace.step_peaks[source[t][0]] if trace.step_peaks else [] for t in range(topo.world_size)]
-    return Trace(world_size=topo.world_size, columns=columns, offsets=offsets, groups=groups, group_names=names,
-                 labels=list(trace.labels), dtypes=list(trace.dtypes), step_peaks=peaks, splits=list(trace.splits))
+    expanded = Trace(world_size=topo.world_size, columns=columns, offsets=offsets, groups=groups, group_names=names,
+                     labels=list(trace.labels), dtypes=list(trace.dtypes), step_peaks=peaks, splits=list(trace.splits))
+    group_source = np.full(len(groups), -1, dtype=np.int32)     # -1: no node is on it
+    for g, old in copied.items():
+        group_source[g] = old
+    return expanded, group_source

@@ -22,6 +22,7 @@ from prism_core.trace import STORE_NAME, Trace, load_trace
 
 _WORKLOAD_DIR = Path(__file__).resolve().parents[1] / "workloads"
 DONE = "collect.json"
+COLLECT_OUTPUTS = 2
 
 
 def program_digest(cfg: PrismConfig) -> str:
@@ -56,7 +57,10 @@ def input_key(cfg: PrismConfig) -> str:
               "collect_mode": cfg.emulation.collect_mode, "rules": list(cfg.emulation.rules),
               "dp_dedup": cfg.emulation.dp_dedup,
               "program_source": program_digest(cfg), "tensor_cache": _cache_digest(cfg),
-              "schema": SCHEMA_VERSION}   # a graph of an older trace schema is collected again
+              "schema": SCHEMA_VERSION,   # a graph of an older trace schema is collected again
+              # ... and one collected before the collection wrote all it writes now (2: a DP-expanded
+              # graph's group_source.npy, which a replay hosting only some ranks reads)
+              "outputs": COLLECT_OUTPUTS}
     return hashlib.sha256(json.dumps(shaped, sort_keys=True).encode()).hexdigest()[:16]
 
 

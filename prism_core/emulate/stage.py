@@ -19,7 +19,7 @@ from prism_core.launch import LaunchError
 from prism_core.metrics import metrics_document, oom_document, rank_metrics, result_peak, write_metrics
 from prism_core.replay.slices import run_with_assistant
 
-STATS = ("virtual_ranks", "groups_in_job", "groups_instantiated", "gloo_groups", "nodes", "wall_s", "cpu_s",
+STATS = ("virtual_ranks", "virtual_ranks_in_job", "hosted", "groups_in_job", "groups_instantiated", "gloo_groups", "nodes", "wall_s", "cpu_s",
          "inputs_streamed", "follow_pace")
 
 
@@ -40,7 +40,7 @@ def emulate(cfg: PrismConfig, graph_dir: Path, timeline: Path, out_dir: Path,
         # each rank of interest on the core it holds in `prism record` where the job fits the machine:
         # this machine's cores each have their own speed from second to second (bench/host_noise.py)
         results = run_with_assistant(cfg, graph_dir, ranks, out_dir, Path(timeline), progress=progress,
-                                     job_cores=True)
+                                     job_cores=True, virtual_ranks=cfg.emulation.virtual_ranks)
         document = metrics_document("emulated", cfg.job.world_size, {
             r: rank_metrics(r, res["step_times_s"], warmup, result_peak(res, warmup)) for r, res in results.items()})
     except LaunchError as err:

@@ -1,4 +1,5 @@
-"""The replay assistant: one process that hosts every virtual rank of a run (paper §6.1, §7).
+"""The replay assistant: one process that hosts the virtual ranks of a run (paper §6.1, §7): every
+one, or only those the sandbox ranks talk to (`emulation.virtual_ranks`, replay/hosted.py).
 
 Each virtual rank walks its graph from the bare (or calibrated) PrismTrace. Communication with
 a sandbox rank is real: for every group that holds a sandbox rank, each virtual member owns a
@@ -299,14 +300,27 @@ def _nth_of_rank_set(trace) -> list[int]:
 class Assistant:
     def __init__(self, trace, sandbox: set[int], cache_root: Path | None, timeout_s: float, model=None,
                  source: np.ndarray | None = None, pacer=None, late_join=None, spin=None, build_ahead: bool = True,
-                 ring_combine: bool = True):
+                 ring_combine: bool = True, group_source: np.ndarray | None = None):
         from prism_core.replay.awake import CoreSpin
         from prism_core.replay.virtual_ops import Inputs
         from prism_core.trace.matching import match_ops
 
         self.trace = trace
         self.sandbox = set(sandbox)
-        self.virtual = [r for r in range(trace.world_size) if r not in self.sandbox]
+        # a graph loaded for the sandbox ranks' neighbours only (replay/hosted.py): the other
+        # virtual ranks hold no nodes and are not replayed
+        self.neighbours_only = trace.node_index is not None
+        self.virtual = [r for r in range(trace.world_size) if r not in self.sandbox
+                        and (not self.neighbours_only or trace.num_nodes(r) > 0)]
+        self._hosted = set(self.virtual) if self.neighbours_only else None
+        self._virtual_count: dict[int, int] = {}     # group -> its virtual members replayed
+        # neighbours only, a DP-expanded graph: per group, the group its nodes copy (collect/dedup.py),
+        # which names a copied rank's cache entry without its source rank's rows
+        self.group_source = group_source if self.neighbours_only else None
+        if self.neighbours_only and source is not None and group_source is None and cache_root is not None:
+            raise ValueError("virtual_ranks=neighbours on a DP-expanded graph with a tensor cache needs the "
+                             "collection's group_source.npy (collected by an older PrismLLM): collect again, "
+                             "or set emulation.virtual_ranks=all")
         self.timeout_s = timeout_s
         self.match = match_ops(trace)
         self.inputs = Inputs(cache_root, range(trace.world_size))
@@ -426,21 +440,26 @@ class Assistant:
         return not self.trace.group_names[g].startswith("dedup:")
 
     def _virtual_members(self, g: int) -> list[int]:
-        from prism_core.replay.tree import tree_neighbours
+        """The virtual members of group `g` (holding a sandbox rank) that exist on the wire."""
+        from prism_core.replay.hosted import needed_positions
 
         members = self.trace.groups[g]
         pruning = self.pruning
-        if g not in pruning.prunable:
-            needed = set(range(len(members)))
-        else:
-            needed = {self._position(g, r) for r in pruning.p2p_peers.get(g, ())}
-            if g in pruning.with_barrier:
-                needed |= self._shape(g).neighbours
-            if g in pruning.with_ring:
-                needed |= self._ring_neighbours(g)
-            for root in pruning.tree_roots.get(g, ()):
-                needed |= tree_neighbours(len(members), root, set(self._sandbox_positions(g)))
+        needed = needed_positions(len(members), self._sandbox_positions(g), g in pruning.prunable,
+                                  g in pruning.with_barrier, g in pruning.with_ring, pruning.tree_roots.get(g, ()),
+                                  [self._position(g, r) for r in pruning.p2p_peers.get(g, ())])
         return [members[p] for p in sorted(needed) if members[p] not in self.sandbox]
+
+    def _virtual_members_replayed(self, g: int) -> int:
+        """How many virtual members of group `g` this replay runs (every one, or those hosted)."""
+        n = self._virtual_count.get(g)
+        if n is None:
+            if self._hosted is None:
+                n = len(self.trace.groups[g]) - len(self._sandbox_positions(g))
+            else:
+                n = sum(1 for m in self.trace.groups[g] if m in self._hosted)
+            self._virtual_count[g] = n
+        return n
 
     def _position(self, g: int, rank: int) -> int:
         """`rank`'s position in group `g`; KeyError if it is not a member. `tuple.index` is O(W) per
@@ -727,8 +746,12 @@ class Assistant:
             entry = self.local[int(self.match.op_id[i])] = _Local()
         op_id = int(self.match.op_id[i])
         now = self.arrivals[i]
+        alone = self._hosted is not None and self.match.members[op_id] == 1
         if OPS[op] == "send":              # in-process sends are buffered: done at once
             h.done = True
+            if alone:                      # to a rank not hosted (neighbours only)
+                del self.local[op_id]
+                return h
             if entry.handles:              # the recv came first
                 recv_h, recv_i = entry.handles[0]
                 self._complete_local(recv_h, recv_i, now)
@@ -738,7 +761,7 @@ class Assistant:
                 entry.last = now
             return h
         if OPS[op] == "recv":
-            if entry.sent:
+            if entry.sent or alone:        # alone: from a rank not hosted, which sent in time
                 self._complete_local(h, i, now)
                 del self.local[op_id]
             else:
@@ -1028,7 +1051,7 @@ class Assistant:
         dtype = self.trace.dtypes[c["dtype"][i]] or "float32"
         numel = int(c["bytes"][i]) // torch_element_size(dtype)
         shared = TreeOp(kind, len(members), root, sandbox, REDUCE_OPS[c["reduce"][i]], numel, getattr(torch, dtype),
-                        load=lambda p: self._member_input(members[p], nodes[members[p]], numel, dtype))
+                        load=lambda p: self._member_input(members[p], nodes.get(members[p], i), numel, dtype))
         queued = [(p, shared.part(p)) for p in parts]
         # members waiting for the same parts complete together: one callback per distinct wait,
         # not a closure per member (thousands at W=16,384)
@@ -1060,7 +1083,7 @@ class Assistant:
             op = self.rings[op_id] = _RingOp()
         op.handles.append(h)
         op.nodes[rank] = i
-        if len(op.handles) < len(self.trace.groups[g]) - len(self._sandbox_positions(g)):
+        if len(op.handles) < self._virtual_members_replayed(g):
             return None
         del self.rings[op_id]
         return op
@@ -1142,7 +1165,9 @@ class Assistant:
 
         if g not in self._shapes:
             members = self.trace.groups[g]
-            self._shapes[g] = barrier_shape(len(members), {p for p, r in enumerate(members) if r in self.sandbox})
+            hosted = self._hosted
+            self._shapes[g] = barrier_shape(len(members), {p for p, r in enumerate(members) if r in self.sandbox},
+                                            None if hosted is None else lambda p: members[p] in hosted)
         return self._shapes[g]
 
     def _issue_barrier(self, rank: int, i: int, g: int, h: _Handle) -> None:
@@ -1194,7 +1219,9 @@ class Assistant:
         self.moves.append(self.pool.submit(move))
 
     def _member_nodes(self, i: int, members: tuple[int, ...]) -> list[tuple[int, int]]:
-        """(member, its node) of the collective node `i` takes part in, in group order."""
+        """(member, its node) of the collective node `i` takes part in, in group order; a member this
+        replay does not host (neighbours only) answers with node `i`, which names the op's cache
+        entry as well (`_cached_as`)."""
         from prism_core.trace.matching import node_ranks
 
         o = int(self.match.op_id[i])
@@ -1202,7 +1229,9 @@ class Assistant:
         if self._ranks is None:
             self._ranks = node_ranks(self.trace)
         by_rank = {int(self._ranks[n]): int(n) for n in nodes}
-        return [(m, by_rank[m]) for m in members]
+        if self._hosted is None:
+            return [(m, by_rank[m]) for m in members]
+        return [(m, by_rank.get(m, i)) for m in members]
 
     def _member_splits(self, i: int, members: tuple[int, ...]) -> tuple[list[list[int]], int]:
         """Every member's splits of the uneven all-to-all node `i` takes part in, and the bytes of a row."""
@@ -1228,11 +1257,35 @@ class Assistant:
 
     def _cached_as(self, rank: int, i: int) -> tuple[int, str]:
         """Whose cache entry holds what `rank` sends at node `i`: its own, or, for a rank that a DP
-        expansion copied from a collected replica, that replica rank's at the same node."""
+        expansion copied from a collected replica, that replica rank's at the same node. (`i` may be
+        another member's node of the same collective where `rank` is not hosted: a collective's key
+        names its group and seq only.)"""
         if self.source is None or self.inputs.has(rank):
             return rank, self._key(rank, i)
         s = int(self.source[rank])
-        return s, self._key(s, int(self.trace.offsets[s]) + i - int(self.trace.offsets[rank]))
+        if not self.neighbours_only:             # every rank hosted: the source rank's node is here
+            return s, self._key(s, int(self.trace.offsets[s]) + i - int(self.trace.offsets[rank]))
+        if self.group_source is None:            # no cache (else refused at the start): nothing to name
+            return s, ""
+        return s, self._copied_key(s, i)
+
+    def _copied_key(self, s: int, i: int) -> str:
+        """The cache key of source rank `s`'s node that node `i` (of a rank copied from `s`, or of
+        another member of the same collective) copies: on the group its group copies, at the same
+        seq; a point-to-point peer is the peer's own source."""
+        from prism_core.trace.schema import OPS
+
+        c = self.trace.columns
+        copied = int(self.group_source[c["group"][i]])
+        if copied < 0:
+            raise ValueError(f"node {i}: its group {list(self.trace.groups[c['group'][i]])} copies no collected group")
+        name = self.trace.group_names[copied]
+        kind = OPS[c["op"][i]]
+        if kind in ("send", "recv"):
+            peer = int(self.source[int(c["peer"][i])])
+            src, dst = (s, peer) if kind == "send" else (peer, s)
+            return f"p/{name}/{src}/{dst}/{int(c['tag'][i])}/{int(c['seq'][i])}"
+        return f"c/{name}/{int(c['seq'][i])}"
 
     def _key(self, rank: int, i: int) -> str:
         """The op's key in the tensor cache, as context-switching collection wrote it."""
@@ -1284,6 +1337,17 @@ class ReplayTiming:
     moments: NodeMoments | None = None     # when each node ran, in the timeline and where measured (replay/steady.py)
     timed_pass: bool = False               # the alone spans are a timed pass's slices' (as an emulation times)
 
+    def only(self, nodes: np.ndarray) -> ReplayTiming:
+        """These nodes' timing (a graph loaded for some ranks: `Trace.node_index`)."""
+        from prism_core.replay.steady import NodeMoments
+
+        m = self.moments
+        moments = None if m is None else NodeMoments(
+            m.start[nodes], m.end[nodes], m.measured_start[nodes], m.measured_end[nodes],
+            None if m.measured_queued is None else m.measured_queued[nodes])
+        return replace(self, span=self.span[nodes], transfer=self.transfer[nodes], issue_cost=self.issue_cost[nodes],
+                       alone_span=None if self.alone_span is None else self.alone_span[nodes], moments=moments)
+
 
 def load_timing(path: Path) -> ReplayTiming:
     from prism_core.replay.steady import node_moments
@@ -1304,11 +1368,27 @@ def resident_bytes() -> int | None:
         return None
 
 
+def peak_resident_bytes() -> int:
+    """The most resident memory this process has held since it started its program: `VmHWM` of
+    /proc/self/status. (`getrusage`'s ru_maxrss also counts what the process held between its fork
+    and its exec, its launcher's pages: in bench/scale.py at W=16,384 it read 290 MiB before the
+    assistant had loaded anything, its own resident memory then 262 MiB.) Where /proc cannot be
+    read, ru_maxrss. The kernel moves VmHWM up lazily: never below the resident memory now."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return max(int(line.split()[1]) * 1024, resident_bytes() or 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path | None, timeout_s: float,
                   timing: Path | None = None, pace: dict[int, Path] | None = None, pace_socket: str = "",
                   join_late: bool = False, awake_fds: list[int] | None = None, follow_pace: int | None = None,
                   pace_reference: str = "loaded", pace_steps: int = 1, build_ahead: bool = True,
-                  virtual_spans: str = "timed", steady_from: int = 0, ring_combine: bool = True) -> None:
+                  virtual_spans: str = "timed", steady_from: int = 0, ring_combine: bool = True,
+                  virtual_ranks: str = "all") -> None:
     """Connect to the job's store (torchrun environment), replay every virtual rank, write arrivals.
 
     `timing`: a calibrated timeline (`timeline.npz`): virtual ranks then take their calibrated
@@ -1325,6 +1405,9 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     emulation is (a second timing pass) and the calibrated spans otherwise (`follow.reference_spans`);
     over up to `pace_steps` steps. `build_ahead`: timed,
     what the virtual ranks send is built while they compute up to it (`Assistant._build_ahead`).
+    `virtual_ranks`: "all", every virtual rank is replayed; "neighbours", only those the sandbox
+    ranks talk to (replay/hosted.py), of which alone the graph's rows are read; no arrivals are
+    written then (calibration reads them from a slice, which replays all).
     `virtual_spans`: timed, "steady": each virtual rank's steady steps from `steady_from` take their
     positions' trimmed mean spans; "paired": only those of virtual ranks whose every peer is a
     sandbox rank (replay/steady.py); "matched": those, each keeping the share of its timed noise
@@ -1335,18 +1418,29 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     import torch.distributed as dist
 
     from prism_core.backend.transport_threads import loop_policies
-    from prism_core.collect.context_switch import REPLICA_SOURCE
+    from prism_core.collect.context_switch import GROUP_SOURCE, REPLICA_SOURCE
+    from prism_core.replay.hosted import load_for_replay
     from prism_core.runtime import write_json_atomic
-    from prism_core.trace import load_trace
 
     torch.set_num_threads(1)
     # resident memory after each phase: what grows with W, the graph, its replay state or gloo's
-    rss = {"started": resident_bytes()}
-    trace = load_trace(graph, REPLAY_COLUMNS)
-    rss["graph"] = resident_bytes()
+    rss: dict[str, int | None] = {}
+    peak: dict[str, int] = {}       # the most held up to each phase's end
+
+    def phase_ends(name: str) -> None:
+        rss[name] = resident_bytes()
+        # VmHWM is moved up lazily (not when the allocator hands pages back): never below a sample
+        peak[name] = max(peak_resident_bytes(), rss[name] or 0, *peak.values())
+    phase_ends("started")
+    trace = load_for_replay(graph, REPLAY_COLUMNS, set(sandbox), virtual_ranks)
+    phase_ends("graph")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     model = load_timing(timing) if timing is not None else None
+    if model is not None and trace.node_index is not None:     # neighbours only: the hosted nodes' timing
+        if trace.node_index.size and int(trace.node_index[-1]) >= len(model.span):
+            raise ValueError(f"{timing} does not belong to the graph {graph}")
+        model = model.only(trace.node_index)
     if model is not None and model.span.shape != trace.columns["kind"].shape:
         raise ValueError(f"{timing} does not belong to the graph {graph}")
     steady: list[int] = []
@@ -1354,7 +1448,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     if model is not None and virtual_spans != "timed":
         from prism_core.replay.steady import matched_noise, paired_ranks, steady_spans
 
-        virtual = sorted(set(range(trace.world_size)) - set(sandbox))
+        virtual = [r for r in range(trace.world_size) if r not in set(sandbox)
+                   and (trace.node_index is None or trace.num_nodes(r) > 0)]
         steady = virtual if virtual_spans == "steady" else paired_ranks(trace, virtual, sandbox)
         if virtual_spans == "matched":
             matched = matched_noise(trace, model.span, steady, sandbox, steady_from, model.moments)
@@ -1362,6 +1457,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
                                                  kept={r: w for r, (_, w) in matched.items()}))
     source_path = Path(graph).parent / REPLICA_SOURCE
     source = np.load(source_path) if source_path.is_file() else None
+    group_source_path = Path(graph).parent / GROUP_SOURCE
+    group_source = np.load(group_source_path) if group_source_path.is_file() else None
     pacer = late_join = None
     if pace or join_late:
         from prism_core.replay.pacing import Pacer
@@ -1374,8 +1471,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
 
     spin = CoreSpin((awake_fds or []) if model is not None else [])
     assistant = Assistant(trace, set(sandbox), cache, timeout_s, model, source, pacer, late_join, spin, build_ahead,
-                          ring_combine)
-    rss["assistant"] = resident_bytes()
+                          ring_combine, group_source)
+    phase_ends("assistant")
     if model is not None:
         from prism_core.replay.stopped import StoppedTime
 
@@ -1399,15 +1496,16 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     started, cpu0 = time.perf_counter(), time.process_time()
     try:
         assistant.connect(store)
-        rss["connected"] = resident_bytes()
+        phase_ends("connected")
         assistant.run()
-        rss["replayed"] = resident_bytes()
+        phase_ends("replayed")
     finally:
         assistant.close()
     out = result_dir / "replay"
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "stats.json", {
-        "virtual_ranks": len(assistant.virtual), "gloo_groups": len(assistant.pgs),
+        "virtual_ranks": len(assistant.virtual), "virtual_ranks_in_job": trace.world_size - len(set(sandbox)),
+        "hosted": virtual_ranks, "gloo_groups": len(assistant.pgs),
         "gloo_members": assistant.gloo_members, "compact_groups": assistant.compact_groups,
         "gloo_loop_policies": sorted(loop_policies().values()),
         "timer_lead_s": assistant.lead,
@@ -1432,10 +1530,12 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
         "kept_noise": {str(r): w for r, (_, w) in sorted(matched.items())},
         "stopped_s": assistant._slipped - assistant._stop_base,     # the schedule moved by it
         "inputs_streamed": assistant.inputs.streamed, "inputs_read_on_demand": assistant.inputs.on_demand,
-        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_bytes": rss})
-    tmp = out / f".arrivals.{os.getpid()}.npy"
-    np.save(tmp, assistant.arrivals)
-    os.replace(tmp, out / "arrivals.npy")
+        "max_rss_bytes": max(peak_resident_bytes(), *peak.values()), "rss_bytes": rss,
+        "peak_rss_bytes": peak})
+    if trace.node_index is None:
+        tmp = out / f".arrivals.{os.getpid()}.npy"
+        np.save(tmp, assistant.arrivals)
+        os.replace(tmp, out / "arrivals.npy")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1478,6 +1578,9 @@ def main(argv: list[str] | None = None) -> None:
                              "noise their sandbox peers do not share (matched)")
     parser.add_argument("--steady-from", type=int, default=0, metavar="STEP",
                         help="with --virtual-spans steady, paired or matched: the first step that may be steady")
+    parser.add_argument("--virtual-ranks", choices=("all", "neighbours"), default="all",
+                        help="replay every virtual rank (all) or only those the sandbox ranks talk to, reading only "
+                             "their rows of the graph (neighbours; replay/hosted.py)")
     parser.add_argument("--no-build-ahead", action="store_true",
                         help="timed: build what a virtual rank sends when its op comes due, not while it computes "
                              "up to it (an ablation)")
@@ -1499,7 +1602,8 @@ def main(argv: list[str] | None = None) -> None:
         run_assistant(ns.graph, [int(r) for r in ns.sandbox.split(",") if r], ns.result_dir, ns.cache, ns.timeout,
                       ns.timing, pace, ns.pace_socket, ns.join_late,
                       [int(fd) for fd in ns.awake_fds.split(",") if fd], ns.follow_pace, ns.pace_reference,
-                      ns.pace_steps, not ns.no_build_ahead, ns.virtual_spans, ns.steady_from, not ns.no_ring_combine)
+                      ns.pace_steps, not ns.no_build_ahead, ns.virtual_spans, ns.steady_from, not ns.no_ring_combine,
+                      ns.virtual_ranks)
     except BaseException:  # noqa: BLE001 - every failure is reported to the launcher the same way
         text = traceback.format_exc()
         sys.stderr.write(text)

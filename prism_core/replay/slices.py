@@ -137,7 +137,7 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
                        timing: Path | None = None, progress=None, neighbour_load: bool = False,
                        cores: list[int] | None = None, pacing: Pacing | None = None,
                        stop: threading.Event | None = None, job_cores: bool = False,
-                       join_late: bool = False) -> dict[int, dict]:
+                       join_late: bool = False, virtual_ranks: str = "all") -> dict[int, dict]:
     """Launch the sandbox ranks (the real program, instrumented as in `prism record`) and the replay
     assistant for every other rank; return each sandbox rank's result or raise `LaunchError`.
 
@@ -147,7 +147,9 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     member's pacing (replay/pacing.py); `stop`: set to stop the launch (`LaunchStopped`);
     `job_cores`: each sandbox rank on the core it holds in the whole job (`launch/cores.place`);
     `join_late`: a plain slice's virtual members of collectives go on the wire once a sandbox
-    member has issued the op (`replay/assistant.py` `--join-late`). A plain slice placed alone
+    member has issued the op (`replay/assistant.py` `--join-late`). `virtual_ranks`: "neighbours",
+    the assistant replays only the virtual ranks the sandbox ranks talk to (replay/hosted.py; it
+    writes no arrivals then, which a slice's calibration needs). A plain slice placed alone
     keeps its assistant's cores awake (`emulation.keep_awake`, launch/neighbour_load.py): its
     virtual peers arrive at once and wait blocked, and on a core that idled their answers came late.
     A timed run placed alone keeps them awake while its virtual ranks compute only
@@ -173,6 +175,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
         helper += ["--cache", str(graph_dir / CACHE_NAME)]
     if not cfg.emulation.ring_combine:
         helper += ["--no-ring-combine"]
+    if virtual_ranks != "all":
+        helper += ["--virtual-ranks", virtual_ranks]
     if timing is not None:
         helper += ["--timing", str(timing)]
         if not cfg.emulation.build_ahead:

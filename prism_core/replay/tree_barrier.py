@@ -30,7 +30,9 @@ class BarrierShape:
         return set(self.up_to_sandbox) | set(self.from_sandbox)
 
 
-def barrier_shape(k: int, sandbox: set[int]) -> BarrierShape:
+def barrier_shape(k: int, sandbox: set[int], present=None) -> BarrierShape:
+    """The barrier's shape; `present(position)`: whether a virtual member is replayed at all (a
+    replay hosting the sandbox ranks' neighbours only does not wait for the others); None: all are."""
     up, down = {}, {}
     for q in sandbox:
         p = tree_parent(q, k)
@@ -42,7 +44,8 @@ def barrier_shape(k: int, sandbox: set[int]) -> BarrierShape:
     relevant = set(up) | ({0} if 0 not in sandbox else set())
     counts = {}
     for v in relevant:   # items: virtual ranks, and sandbox ranks whose token comes to a virtual parent
-        counts[v] = sum(1 for m in subtree_of(v, k) if m not in sandbox or tree_parent(m, k) not in sandbox)
+        counts[v] = sum(1 for m in subtree_of(v, k) if (m not in sandbox and (present is None or present(m)))
+                        or (m in sandbox and tree_parent(m, k) not in sandbox))
     return BarrierShape(k, frozenset(sandbox), up, {p: sorted(qs) for p, qs in down.items()}, counts)
 
 

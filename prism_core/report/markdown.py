@@ -55,7 +55,7 @@ def render_report(cfg: PrismConfig, emulated: dict, predicted: dict, stages: dic
     if "emulation" in emulated:
         e = emulated["emulation"]
         lines += ["", "## Emulation", "",
-                  f"- virtual ranks: {e['virtual_ranks']}, replaying {e['nodes']:,} nodes",
+                  _virtual_line(e),
                   f"- process groups: {e['groups_instantiated']} of the job's {e['groups_in_job']} instantiated "
                   f"(those holding a rank of interest), {e['gloo_groups']} gloo groups for virtual members",
                   f"- assistant: {e['wall_s']:.1f} s wall, {e['cpu_s']:.1f} s CPU"]
@@ -76,3 +76,11 @@ def write_report(path: Path, text: str) -> Path:
     tmp.write_text(text)
     tmp.replace(path)
     return path
+
+
+def _virtual_line(e: dict) -> str:
+    """How many virtual ranks the assistant replayed: every one, or the sandbox's neighbours of how many."""
+    if e.get("hosted") == "neighbours":
+        return (f"- virtual ranks: {e['virtual_ranks']} replayed (the ranks of interest's neighbours) of the job's "
+                f"{e['virtual_ranks_in_job']}, {e['nodes']:,} nodes")
+    return f"- virtual ranks: {e['virtual_ranks']}, replaying {e['nodes']:,} nodes"

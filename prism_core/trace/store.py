@@ -40,6 +40,9 @@ class Trace:
     dtypes: list[str]
     step_peaks: list[list[int | None]] = field(default_factory=list)
     splits: list[str] = field(default_factory=lambda: [""])   # all-to-all split table ("3,0,5"; "" = even)
+    # loaded for some ranks only (`load_trace(ranks=...)`; the others hold no nodes): per node, its
+    # index in the whole graph; None: every rank's nodes are here
+    node_index: np.ndarray | None = None
 
     def rank_slice(self, rank: int) -> slice:
         return slice(int(self.offsets[rank]), int(self.offsets[rank + 1]))
@@ -162,41 +165,95 @@ def write_trace(trace: Trace, path: Path) -> Path:
     return path
 
 
-def load_trace(path: Path, columns: Iterable[str] | None = None) -> Trace:
+def load_trace(path: Path, columns: Iterable[str] | None = None, ranks: Iterable[int] | None = None) -> Trace:
     """Load a job's trace; TraceError naming the file on anything missing or corrupt.
 
     `columns`: only these of the schema's columns (the replay assistant leaves out those it never
     reads: 24 of a node's 76 bytes, in a graph of every rank of the job), and "kind"; None: all.
+    `ranks`: only these ranks' nodes and step peaks (the others hold none; `Trace.node_index` maps
+    the nodes loaded to the whole graph's), so that memory follows the ranks read; None: all.
     """
-    import zarr
+    return TraceStore(path).load(columns, ranks)
 
-    # "kind" always: the node count the rank offsets are checked against, and every reader's first column
-    wanted = tuple(COLUMNS) if columns is None else tuple(dict.fromkeys(("kind", *columns)))
-    unknown = sorted(set(wanted) - set(COLUMNS))
-    if unknown:
-        raise ValueError(f"not columns of the trace schema: {unknown}")
-    path = Path(path)
-    if not (path / "zarr.json").is_file():
-        raise TraceError(f"no trace store at {path} (missing {path / 'zarr.json'})")
-    try:
-        root = zarr.open_group(str(path), mode="r")
-        attrs = dict(root.attrs)
-    except Exception as err:  # noqa: BLE001
-        raise TraceError(f"trace store metadata {path / 'zarr.json'} cannot be read: {err}") from None
-    if attrs.get("schema_version") != SCHEMA_VERSION:
-        raise TraceError(f"{path / 'zarr.json'}: schema version {attrs.get('schema_version')!r}, "
-                         f"this PrismLLM reads {SCHEMA_VERSION}")
-    columns = {}
-    for name in (*wanted, "rank_offsets"):
+
+class TraceStore:
+    """A trace store opened once (its metadata read and checked), to load from more than once."""
+
+    def __init__(self, path: Path):
+        import zarr
+
+        path = self.path = Path(path)
+        if not (path / "zarr.json").is_file():
+            raise TraceError(f"no trace store at {path} (missing {path / 'zarr.json'})")
         try:
-            columns[name] = root[name][:]
+            self.root = zarr.open_group(str(path), mode="r")
+            attrs = dict(self.root.attrs)
         except Exception as err:  # noqa: BLE001
-            raise TraceError(f"trace column {path / name} is missing or corrupt: {type(err).__name__}: {err}") \
+            raise TraceError(f"trace store metadata {path / 'zarr.json'} cannot be read: {err}") from None
+        if attrs.get("schema_version") != SCHEMA_VERSION:
+            raise TraceError(f"{path / 'zarr.json'}: schema version {attrs.get('schema_version')!r}, "
+                             f"this PrismLLM reads {SCHEMA_VERSION}")
+        self.world_size = int(attrs["world_size"])
+        self.groups = [tuple(g["ranks"]) for g in attrs["groups"]]
+        self.group_names = [g["name"] for g in attrs["groups"]]
+        self.labels, self.dtypes, self.splits = attrs["labels"], attrs["dtypes"], attrs["splits"]
+        self.step_peaks = attrs.get("step_peaks", [])
+        del attrs
+        self.offsets = self._read("rank_offsets", None)
+        if len(self.offsets) != self.world_size + 1:
+            raise TraceError(f"{path / 'rank_offsets'} holds {len(self.offsets)} offsets for {self.world_size} ranks")
+        n_all = int(self.root["kind"].shape[0])
+        if self.offsets[-1] != n_all:
+            raise TraceError(f"{path / 'rank_offsets'} does not match the columns ({n_all} nodes)")
+
+    def load(self, columns: Iterable[str] | None = None, ranks: Iterable[int] | None = None) -> Trace:
+        """The trace, or some ranks of it (`load_trace`)."""
+        # "kind" always: the node count the rank offsets are checked against, and every reader's first column
+        wanted = tuple(COLUMNS) if columns is None else tuple(dict.fromkeys(("kind", *columns)))
+        unknown = sorted(set(wanted) - set(COLUMNS))
+        if unknown:
+            raise ValueError(f"not columns of the trace schema: {unknown}")
+        offsets, spans, node_index, peaks = self.offsets, None, None, self.step_peaks
+        if ranks is not None:
+            chosen = sorted(set(int(r) for r in ranks))
+            if chosen and not 0 <= chosen[0] <= chosen[-1] < self.world_size:
+                raise ValueError(f"ranks {chosen[0]}..{chosen[-1]} are not all ranks of a {self.world_size}-rank trace")
+            spans = _merged_spans([(int(offsets[r]), int(offsets[r + 1])) for r in chosen])
+            counts = np.zeros(self.world_size, dtype=np.int64)
+            for r in chosen:
+                counts[r] = offsets[r + 1] - offsets[r]
+            node_index = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in spans] or [np.zeros(0, np.int64)])
+            offsets = np.concatenate([[0], np.cumsum(counts)]).astype(self.offsets.dtype)
+            if peaks:      # the ranks read keep theirs; the others share one empty list
+                none: list = []
+                keep = set(chosen)
+                peaks = [self.step_peaks[r] if r in keep else none for r in range(self.world_size)]
+        cols = {name: self._read(name, spans) for name in wanted}
+        return Trace(world_size=self.world_size, columns=cols, offsets=offsets, groups=self.groups,
+                     group_names=self.group_names, labels=self.labels, dtypes=self.dtypes, step_peaks=peaks,
+                     splits=self.splits, node_index=node_index)
+
+    def _read(self, name: str, spans: list[tuple[int, int]] | None) -> np.ndarray:
+        """A column whole (`spans` None), or those node ranges of it, concatenated."""
+        try:
+            arr = self.root[name]
+            if spans is None:
+                return arr[:]
+            parts = [arr[a:b] for a, b in spans]
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=arr.dtype)
+        except Exception as err:  # noqa: BLE001
+            raise TraceError(f"trace column {self.path / name} is missing or corrupt: {type(err).__name__}: {err}") \
                 from None
-    offsets = columns.pop("rank_offsets")
-    if len(offsets) != attrs["world_size"] + 1 or offsets[-1] != len(columns["kind"]):
-        raise TraceError(f"{path / 'rank_offsets'} does not match the columns ({len(columns['kind'])} nodes)")
-    return Trace(world_size=attrs["world_size"], columns=columns, offsets=offsets,
-                 groups=[tuple(g["ranks"]) for g in attrs["groups"]], group_names=[g["name"] for g in attrs["groups"]],
-                 labels=attrs["labels"], dtypes=attrs["dtypes"], step_peaks=attrs.get("step_peaks", []),
-                 splits=attrs["splits"])
+
+
+def _merged_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted node ranges with adjacent ones joined (one read each); empty ones left out."""
+    out: list[tuple[int, int]] = []
+    for a, b in spans:
+        if b <= a:
+            continue
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out

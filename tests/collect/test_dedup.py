@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prism_core.collect.dedup import expand_replica, rank_map
+from prism_core.collect.dedup import expand_replica_with_groups, rank_map, replica_source
 from prism_core.config import load_config
 from prism_core.record import RecordOptions, record
 from prism_core.topology import GROUP_KINDS, Topology
@@ -46,6 +47,18 @@ def test_one_replica_expanded_equals_the_real_run(tmp_path, layout):
     cfg = load_config(CONFIGS / "tiny_moe_w2_pp2.yaml", layout + ["job.iterations=3"])
     record(cfg, tmp_path, options=RecordOptions(memory=False, echo=False))
     real = load_trace(tmp_path / "trace.zarr")
-    expanded = expand_replica(real, Topology.from_config(cfg))
+    topo = Topology.from_config(cfg)
+    expanded, group_source = expand_replica_with_groups(real, topo)
     assert problems(expanded) == []
     assert structural_diff(real, expanded) is None
+    # every copied node's group copies the group of its source rank's node at the same place, the
+    # one whose cache entry it replays (a replay that holds only some ranks' rows finds it by this)
+    source = replica_source(topo)
+    copied = 0
+    for t in range(topo.world_size):
+        mine = expanded.columns["group"][expanded.rank_slice(t)]
+        theirs = real.columns["group"][real.rank_slice(int(source[t]))]
+        on = mine >= 0
+        assert np.array_equal(group_source[mine[on]], theirs[on]), t
+        copied += int(on.sum()) if source[t] != t else 0
+    assert copied > 0

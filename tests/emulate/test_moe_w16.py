@@ -1,6 +1,8 @@
 """moe_w16 emulated with ranks 0 and 15 real: each one's peak memory equals `prism record`'s to the
 byte, and with a device capacity the real run cannot meet, the emulation runs out at the same rank
-and step. (The real 16-rank run is contended on 2 cores: only memory is compared.)"""
+and step; hosting only their neighbours (`emulation.virtual_ranks: neighbours`), too, and they train
+bit for bit as beside every virtual rank. (The real 16-rank run is contended on 2 cores: only memory
+is compared.)"""
 
 from __future__ import annotations
 
@@ -34,6 +36,14 @@ def test_moe_w16_memory_and_oom_equal_the_real_run(tmp_path):
     for r in map(str, roi):
         assert doc["ranks"][r]["peak_memory_bytes"] == real["ranks"][r]["peak_memory_bytes"]
     assert doc["emulation"]["groups_instantiated"] < doc["emulation"]["groups_in_job"]
+    near = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"virtual_ranks": "neighbours"})})
+    doc_near = emulate(near, graph.directory, timeline, tmp_path / "emulate_near", predicted)
+    assert doc_near["emulation"]["virtual_ranks"] < doc["emulation"]["virtual_ranks"] == 14
+    for r in map(str, roi):
+        assert doc_near["ranks"][r]["peak_memory_bytes"] == real["ranks"][r]["peak_memory_bytes"]
+        losses = [json.loads((tmp_path / d / "results" / f"{r}.json").read_text())["scalars"].get("loss")
+                  for d in ("emulate", "emulate_near")]
+        assert losses[0] == losses[1]
     # a capacity between the two ranks of interest's peaks: only the larger one runs out
     peaks = {r: real["ranks"][str(r)]["peak_memory_bytes"] for r in roi}
     big, small = max(peaks, key=peaks.get), min(peaks, key=peaks.get)
@@ -48,7 +58,9 @@ def test_moe_w16_memory_and_oom_equal_the_real_run(tmp_path):
     first_over = next(k for k, p in enumerate(step_peaks) if p is not None and p > capacity)
     if big in real_oom["oom"]["ranks"]:
         assert real_oom["ranks"][str(big)]["oom_step"] == first_over
-    emulated_oom = emulate(bounded, graph.directory, timeline, tmp_path / "emulate_oom", predicted)
-    assert emulated_oom["oom"]["ranks"] == [big]
-    assert emulated_oom["ranks"][str(big)]["oom_step"] == first_over
+    for name, run in (("emulate_oom", bounded), ("emulate_near_oom", bounded.model_copy(
+            update={"emulation": near.emulation}))):
+        emulated_oom = emulate(run, graph.directory, timeline, tmp_path / name, predicted)
+        assert emulated_oom["oom"]["ranks"] == [big], name
+        assert emulated_oom["ranks"][str(big)]["oom_step"] == first_over, name
     assert_no_rank_processes()

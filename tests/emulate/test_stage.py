@@ -208,3 +208,31 @@ def test_rank_of_another_dp_replica_is_emulated_from_a_rules_mode_graph(tmp_path
     real = record(cfg, tmp_path / "record", options=RecordOptions(echo=False))
     assert doc["ranks"]["3"]["peak_memory_bytes"] == real["ranks"]["3"]["peak_memory_bytes"]
     assert_no_rank_processes()
+
+
+@pytest.mark.timeout(600)
+def test_hosting_only_the_neighbours_trains_the_rank_of_interest_exactly_as_hosting_all(tmp_path):
+    # W=8, DP 8 (the world group) with EP 2, rank 3 of interest: its neighbours are ranks 2 and 4 (its
+    # DP ring's), 1 and 5 (its expert-DP ring's, ranks 1, 3, 5, 7), 2 (its EP group's), 1 and 7 (its
+    # parent and child in the world group's trees); ranks 0 and 6 do not exist with
+    # emulation.virtual_ranks=neighbours. Their gradients reach rank 3 through the compensated ring
+    # chunks, read from the cache by group and seq (rank 6's from its replica-0 twin's entries,
+    # group_source.npy), and rank 0's broadcast through its tree child: rank 3 trains bit for bit as it
+    # does beside every virtual rank, with the same memory
+    cfg = load_config(CONFIGS / "tiny_moe_w2_ep2.yaml", [
+        "job.world_size=8", "parallel.dp=8", "parallel.ep=2", "model.moe_router=balanced", "job.iterations=3",
+        "job.warmup=1", "emulation.collect_mode=rules", "emulation.sandbox=1", "emulation.ranks_of_interest=3", NO_LOAD])
+    graph, predicted = _calibrated(cfg, tmp_path)
+    assert (graph.directory / "group_source.npy").is_file()
+    timeline = tmp_path / "calibrate" / "timeline.npz"
+    near = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"virtual_ranks": "neighbours"})})
+    docs = {name: emulate(c, graph.directory, timeline, tmp_path / name, predicted)
+            for name, c in (("all", cfg), ("near", near))}
+    assert docs["all"]["emulation"]["virtual_ranks"] == 7
+    assert docs["near"]["emulation"]["virtual_ranks"] == 5 and docs["near"]["emulation"]["virtual_ranks_in_job"] == 7
+    replay = json.loads((tmp_path / "near" / "replay" / "stats.json").read_text())
+    assert replay["hosted"] == "neighbours" and not (tmp_path / "near" / "replay" / "arrivals.npy").exists()
+    assert docs["near"]["ranks"]["3"]["peak_memory_bytes"] == docs["all"]["ranks"]["3"]["peak_memory_bytes"]
+    losses = [json.loads((tmp_path / d / "results" / "3.json").read_text())["scalars"]["loss"] for d in ("all", "near")]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
+    assert_no_rank_processes()

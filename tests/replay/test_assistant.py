@@ -88,6 +88,27 @@ def test_resident_bytes_reads_this_processs_resident_memory():
     assert before is not None and after - before >= 48 * 2**20
 
 
+def test_peak_resident_bytes_is_this_programs_peak_not_its_launchers():
+    # a child forked from a parent holding 256 MiB, then exec'ing a small Python: getrusage's
+    # ru_maxrss carries the parent's pages over the exec, VmHWM does not
+    import mmap
+    import subprocess
+    import sys
+
+    block = mmap.mmap(-1, 256 * 2**20)
+    for at in range(0, len(block), mmap.PAGESIZE):
+        block[at] = 1
+    code = ("import resource; from prism_core.replay.assistant import peak_resident_bytes, resident_bytes; "
+            "print(peak_resident_bytes(), resident_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             check=True, close_fds=False).stdout.split()
+    finally:
+        block.close()
+    peak, now, maxrss = map(int, out)
+    assert now <= peak + 2**20 and peak < 200 * 2**20 <= maxrss, (peak, now, maxrss)
+
+
 def _blocked_graph():
     """Three ranks on one group listed out of order (2, 0, 1): per rank a compute node, a blocking
     all-reduce, an async all-reduce and its wait."""

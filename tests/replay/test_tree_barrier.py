@@ -35,10 +35,12 @@ def test_closed_form_tree_equals_the_tree_of_the_collectives(k, data):
         assert set(subtree_of(p, k, root)) == below
 
 
-def _play(k: int, sandbox: set[int], seed: int):
-    """Sandbox ranks run the backend's tree barrier; virtual members arrive in a random order."""
+def _play(k: int, sandbox: set[int], seed: int, absent: frozenset[int] = frozenset()):
+    """Sandbox ranks run the backend's tree barrier; virtual members arrive in a random order, but
+    for `absent` ones, which a replay hosting the sandbox ranks' neighbours only does not run."""
     rng = random.Random(seed)
-    shape = barrier_shape(k, sandbox)
+    shape = barrier_shape(k, sandbox, (lambda p: p not in absent) if absent else None)
+    everyone = set(range(k)) - absent
     sent = []                        # (from, to, "up" | "down")
     arrived: set[int] = set()
     got_up = {q: set() for q in sandbox}      # sandbox rank -> children whose token it has
@@ -66,7 +68,7 @@ def _play(k: int, sandbox: set[int], seed: int):
                             barrier.ready(q)
 
     def release_sandbox(q):
-        assert arrived == set(range(k)), "released before every rank arrived"
+        assert arrived == everyone, "released before every rank arrived"
         released.add(q)
         for c in tree_children(q, k):
             sent.append((q, c, "down"))
@@ -80,14 +82,14 @@ def _play(k: int, sandbox: set[int], seed: int):
         got_up[q].add(c)
 
     def release():
-        assert arrived == set(range(k)), "released before every rank arrived"
+        assert arrived == everyone, "released before every rank arrived"
         for p, qs in shape.from_sandbox.items():
             for q in qs:
                 sent.append((p, q, "down"))
                 release_sandbox(q)
 
     barrier = PrunedBarrier(shape, send_up=send_up, release=release)
-    order = list(range(k))
+    order = sorted(everyone)
     rng.shuffle(order)
     for m in order:
         arrived.add(m)
@@ -117,6 +119,21 @@ def test_pruned_barrier_releases_after_all_and_moves_the_full_trees_tokens(k, da
                                 if p is not None and p not in sandbox}
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 64), st.data())
+def test_pruned_barrier_waits_only_for_the_members_replayed(k, data):
+    # emulation.virtual_ranks=neighbours: only the tree neighbours (and any other virtual ranks the
+    # replay hosts) arrive; the barrier releases once they all have, moving the same tokens
+    sandbox = set(data.draw(st.lists(st.integers(0, k - 1), min_size=1, max_size=6)))
+    neighbours = barrier_shape(k, sandbox).neighbours
+    others = sorted(set(range(k)) - sandbox - neighbours)
+    absent = frozenset(data.draw(st.lists(st.sampled_from(others), unique=True)) if others else [])
+    shape, sent, released, barrier = _play(k, sandbox, data.draw(st.integers(0, 1 << 30)), absent)
+    assert released == sandbox and (barrier.released or sandbox == set(range(k)))
+    full = _play(k, sandbox, 0)[1]
+    assert sorted(sent) == sorted(full)
+
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "bootstrap_barrier.py"
 
 
@@ -141,4 +158,12 @@ def test_sandbox_ranks_pass_a_barrier_and_trees_with_only_their_tree_neighbours(
         for r in sandbox:
             line = json.loads((out / "logs" / f"rank_{r}.log").read_text().strip().splitlines()[-1])
             assert line["world_size"] == 6 and line["broadcast_ok"]      # the tree broadcast from rank 0
+    # hosting the neighbours only: sandbox {0, 5} replays ranks 1 and 2, and reads only their rows
+    out = tmp_path / "near"
+    run_with_assistant(cfg, graph.directory, [0, 5], out, virtual_ranks="neighbours")
+    stats = json.loads((out / "replay" / "stats.json").read_text())
+    assert stats["virtual_ranks"] == 2 and stats["virtual_ranks_in_job"] == 4 and stats["nodes"] == 2 * 7
+    for r in (0, 5):
+        line = json.loads((out / "logs" / f"rank_{r}.log").read_text().strip().splitlines()[-1])
+        assert line["world_size"] == 6 and line["broadcast_ok"]
     assert_no_rank_processes()

@@ -35,3 +35,8 @@ def test_report_holds_the_key_figures(tmp_path):
     assert "followed the pace of ranks [0, 3]: median 1.04" in text
     path = write_report(tmp_path / "out" / "report.md", text)
     assert path.read_text() == text and not list(path.parent.glob(".*"))
+    # hosting only the ranks of interest's neighbours (emulation.virtual_ranks), it says of how many
+    emulated["emulation"].update(hosted="neighbours", virtual_ranks_in_job=2)
+    emulated["emulation"]["virtual_ranks"] = 1
+    text = render_report(_cfg(), emulated, predicted, {"bare graph": "g/"})
+    assert "virtual ranks: 1 replayed (the ranks of interest's neighbours) of the job's 2, 1,234 nodes" in text

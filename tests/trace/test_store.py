@@ -86,6 +86,24 @@ def test_only_the_columns_asked_for_are_loaded(tmp_path):
     assert set(load_trace(path, ["op"]).columns) == {"kind", "op"}     # kind always: the node count
 
 
+def test_some_ranks_are_loaded_with_their_place_in_the_whole_graph(tmp_path):
+    trace = merged(tmp_path, reference_job(4))
+    path = write_trace(trace, tmp_path / STORE_NAME)
+    part = load_trace(path, ranks=[3, 1])
+    assert part.world_size == 4 and part.groups == trace.groups
+    assert [part.num_nodes(r) for r in range(4)] == [0, trace.num_nodes(1), 0, trace.num_nodes(3)]
+    for r in (1, 3):
+        rows = part.node_index[part.rank_slice(r)]
+        assert np.array_equal(rows, np.arange(trace.offsets[r], trace.offsets[r + 1]))
+        for name in COLUMNS:
+            assert np.array_equal(part.columns[name][part.rank_slice(r)], trace.columns[name][trace.rank_slice(r)],
+                                  equal_nan=name.startswith("t_")), name
+    assert load_trace(path).node_index is None
+    assert len(load_trace(path, ranks=[]).columns["kind"]) == 0
+    with pytest.raises(ValueError, match="not all ranks of a 4-rank trace"):
+        load_trace(path, ranks=[4])
+
+
 def test_step_peaks_none_without_memory(tmp_path):
     trace = merged(tmp_path, reference_job(2))
     back = load_trace(write_trace(trace, tmp_path / STORE_NAME))
