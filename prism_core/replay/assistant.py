@@ -323,7 +323,8 @@ class Assistant:
                              "or set emulation.virtual_ranks=all")
         self.timeout_s = timeout_s
         self.match = match_ops(trace)
-        self.inputs = Inputs(cache_root, range(trace.world_size))
+        self.inputs = Inputs(cache_root, range(trace.world_size) if not self.neighbours_only else
+                             self._cache_readers(source))
         self.arrivals = np.full(len(trace.columns["kind"]), np.nan)
         self.real_groups = {g for g, members in enumerate(trace.groups) if not self.sandbox.isdisjoint(members)}
         self.ring = ring_nodes(trace)
@@ -429,7 +430,34 @@ class Assistant:
             s = self.trace.rank_slice(r)
             for i in s.start + np.nonzero((self.ring[s] > 0) & (self.ring[s] < FIRST_TREE))[0]:
                 wanted.append((*self._cached_as(r, int(i)), int(c["step"][i])))
+        if self._hosted is not None:    # neighbours only: what the members not hosted put in, folded too
+            done: set[int] = set()
+            for r in sorted(self.sandbox):
+                s = self.trace.rank_slice(r)
+                for i in map(int, s.start + np.nonzero(self.ring[s] > 0)[0]):
+                    op = int(self.match.op_id[i])
+                    if op in done:
+                        continue
+                    done.add(op)
+                    for m in self.trace.groups[c["group"][i]]:
+                        if m in self.sandbox or m in self._hosted:
+                            continue
+                        holder = m if self.source is None or self.inputs.has(m) else int(self.source[m])
+                        if self.inputs.has(holder):
+                            wanted.append((*self._cached_as(m, i), int(c["step"][i])))
         self.inputs.preload(wanted)
+
+    def _cache_readers(self, source: np.ndarray | None) -> list[int]:
+        """Neighbours only: the ranks whose cache entries the replay may read, the members of groups
+        holding a sandbox rank (an absent member's input is folded into a compensated chunk), and
+        whose entries a DP-expanded one of them replays (not every rank's reader: memory)."""
+        ranks = set(self.sandbox) | set(self.virtual)
+        for members in self.trace.groups:
+            if not self.sandbox.isdisjoint(members):
+                ranks.update(members)
+        if source is not None:
+            ranks |= {int(source[r]) for r in ranks}
+        return sorted(ranks)
 
     def _kept_positions(self, g: int, virtual_members: list[int]) -> list[int]:
         """The positions of group `g` on the wire: its sandbox ranks and the virtual members kept."""
@@ -1438,7 +1466,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
                           timeout=datetime.timedelta(seconds=timeout_s))
     model = load_timing(timing) if timing is not None else None
     if model is not None and trace.node_index is not None:     # neighbours only: the hosted nodes' timing
-        if trace.node_index.size and int(trace.node_index[-1]) >= len(model.span):
+        if len(model.span) != trace.nodes_in_graph:
             raise ValueError(f"{timing} does not belong to the graph {graph}")
         model = model.only(trace.node_index)
     if model is not None and model.span.shape != trace.columns["kind"].shape:

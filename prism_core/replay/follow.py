@@ -102,10 +102,12 @@ def reference_spans(span: np.ndarray, alone_span: np.ndarray | None, timed_pass:
 def pace_ranks(kind: np.ndarray, step: np.ndarray, offsets: np.ndarray, span: np.ndarray,
                sandbox: list[int], warmup: int = 0) -> list[int]:
     """The sandbox ranks whose pace is read: those whose calibrated compute after the warm-up steps
-    is at least `MIN_SHARE` of the virtual ranks' median (all of them where no rank is virtual)."""
+    is at least `MIN_SHARE` of the virtual ranks' median (all of them where no rank is virtual).
+    Ranks that hold no nodes (a graph loaded for the sandbox's neighbours only) do not count."""
     cum = np.concatenate([[0.0], np.cumsum(np.where((kind == COMPUTE) & (step >= warmup), span, 0.0))])
     per_rank = cum[offsets[1:]] - cum[offsets[:-1]]
-    virtual = np.setdiff1d(np.arange(len(offsets) - 1), sandbox)
+    held = np.nonzero(np.diff(offsets) > 0)[0]
+    virtual = np.setdiff1d(held, sandbox)
     if not len(virtual):
         return sorted(sandbox)
     floor = MIN_SHARE * float(np.median(per_rank[virtual]))

@@ -43,6 +43,7 @@ class Trace:
     # loaded for some ranks only (`load_trace(ranks=...)`; the others hold no nodes): per node, its
     # index in the whole graph; None: every rank's nodes are here
     node_index: np.ndarray | None = None
+    nodes_in_graph: int | None = None       # ... and how many nodes the whole graph holds
 
     def rank_slice(self, rank: int) -> slice:
         return slice(int(self.offsets[rank]), int(self.offsets[rank + 1]))
@@ -202,7 +203,11 @@ class TraceStore:
         self.offsets = self._read("rank_offsets", None)
         if len(self.offsets) != self.world_size + 1:
             raise TraceError(f"{path / 'rank_offsets'} holds {len(self.offsets)} offsets for {self.world_size} ranks")
-        n_all = int(self.root["kind"].shape[0])
+        try:
+            n_all = int(self.root["kind"].shape[0])
+        except Exception as err:  # noqa: BLE001
+            raise TraceError(f"trace column {path / 'kind'} is missing or corrupt: {type(err).__name__}: {err}") \
+                from None
         if self.offsets[-1] != n_all:
             raise TraceError(f"{path / 'rank_offsets'} does not match the columns ({n_all} nodes)")
 
@@ -231,7 +236,8 @@ class TraceStore:
         cols = {name: self._read(name, spans) for name in wanted}
         return Trace(world_size=self.world_size, columns=cols, offsets=offsets, groups=self.groups,
                      group_names=self.group_names, labels=self.labels, dtypes=self.dtypes, step_peaks=peaks,
-                     splits=self.splits, node_index=node_index)
+                     splits=self.splits, node_index=node_index,
+                     nodes_in_graph=None if node_index is None else int(self.offsets[-1]))
 
     def _read(self, name: str, spans: list[tuple[int, int]] | None) -> np.ndarray:
         """A column whole (`spans` None), or those node ranges of it, concatenated."""

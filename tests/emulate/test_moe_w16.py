@@ -39,6 +39,8 @@ def test_moe_w16_memory_and_oom_equal_the_real_run(tmp_path):
     near = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"virtual_ranks": "neighbours"})})
     doc_near = emulate(near, graph.directory, timeline, tmp_path / "emulate_near", predicted)
     assert doc_near["emulation"]["virtual_ranks"] < doc["emulation"]["virtual_ranks"] == 14
+    # every input folded into a compensated chunk was read ahead, the absent ranks' too
+    assert json.loads((tmp_path / "emulate_near" / "replay" / "stats.json").read_text())["inputs_read_on_demand"] == 0
     for r in map(str, roi):
         assert doc_near["ranks"][r]["peak_memory_bytes"] == real["ranks"][r]["peak_memory_bytes"]
         losses = [json.loads((tmp_path / d / "results" / f"{r}.json").read_text())["scalars"].get("loss")

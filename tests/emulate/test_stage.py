@@ -232,6 +232,7 @@ def test_hosting_only_the_neighbours_trains_the_rank_of_interest_exactly_as_host
     assert docs["near"]["emulation"]["virtual_ranks"] == 5 and docs["near"]["emulation"]["virtual_ranks_in_job"] == 7
     replay = json.loads((tmp_path / "near" / "replay" / "stats.json").read_text())
     assert replay["hosted"] == "neighbours" and not (tmp_path / "near" / "replay" / "arrivals.npy").exists()
+    assert replay["inputs_read_on_demand"] == 0       # the absent ranks' inputs were read ahead too
     assert docs["near"]["ranks"]["3"]["peak_memory_bytes"] == docs["all"]["ranks"]["3"]["peak_memory_bytes"]
     losses = [json.loads((tmp_path / d / "results" / "3.json").read_text())["scalars"]["loss"] for d in ("all", "near")]
     assert len(losses[0]) == 3 and losses[0] == losses[1]

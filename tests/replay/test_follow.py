@@ -91,6 +91,9 @@ def test_only_ranks_that_compute_a_fair_share_of_their_virtual_peers_are_read():
     assert pace_ranks(kind, step, offsets, span, [0, 1, 2, 3], warmup=1) == [0, 1, 2, 3]  # none virtual
     # a rank with no nodes computes nothing
     assert pace_ranks(kind, step, np.array([0, 2, 2, 6, 9]), span, [1], warmup=1) == []
+    # ... and virtual ranks with no nodes (not loaded: emulation.virtual_ranks=neighbours) do not pull
+    # the median down to nothing, which would read rank 1's pace
+    assert pace_ranks(kind, step, np.concatenate([offsets, [9] * 6]), span, [1, 2], warmup=1) == [2]
 
 
 def test_no_pace_is_read_where_the_ranks_share_the_assistants_cores():

@@ -230,4 +230,12 @@ def test_sandbox_ranks_get_the_real_runs_bits_with_only_their_ring_neighbours(tm
             assert not placement["bound"] and "cores" in placement["reason"]
         for r in sandbox:
             assert rank_result(out, r) == real[r], f"sandbox {sandbox}, rank {r}"
+    # hosting the neighbours only (emulation.virtual_ranks): ranks 2 and 3 do not exist, their inputs
+    # (read ahead from their own cache entries) are folded into what 1 and 4 send, to the bit
+    out = tmp_path / "0-5-near"
+    run_with_assistant(cfg, graph.directory, [0, 5], out, virtual_ranks="neighbours")
+    stats = json.loads((out / "replay" / "stats.json").read_text())
+    assert stats["virtual_ranks"] == 2 and stats["inputs_read_on_demand"] == 0
+    for r in (0, 5):
+        assert rank_result(out, r) == real[r], f"neighbours only, rank {r}"
     assert_no_rank_processes()

@@ -160,6 +160,17 @@ def test_corrupt_chunk_names_the_column(tmp_path, column):
     assert str(path / column) in str(err.value)
 
 
+@pytest.mark.parametrize("column", ["kind", "rank_offsets"])
+def test_missing_column_names_it(tmp_path, column):
+    import shutil
+
+    path = write_trace(merged(tmp_path, reference_job(2)), tmp_path / STORE_NAME)
+    shutil.rmtree(path / column)
+    with pytest.raises(TraceError, match="is missing or corrupt") as err:
+        load_trace(path, ranks=[0])
+    assert str(path / column) in str(err.value)
+
+
 def test_missing_store_names_the_file(tmp_path):
     with pytest.raises(TraceError) as err:
         load_trace(tmp_path / "nowhere.zarr")
