@@ -186,14 +186,21 @@ def test_a_late_sandbox_rank_delays_the_virtual_ranks(tmp_path, monkeypatch):
     assert gap["late"] > sleep * 0.95 and gap["late"] > gap["on_time"] * 1.3, (gap, sleep)
 
 
+def _rules_dp_ep2(world: int):
+    """tiny ep2 at `world` ranks, all DP with EP 2, collected in rules mode (one replica, DP
+    expanded), rank 3 of interest, 3 steps."""
+    return load_config(CONFIGS / "tiny_moe_w2_ep2.yaml", [
+        f"job.world_size={world}", f"parallel.dp={world}", "parallel.ep=2", "model.moe_router=balanced",
+        "job.iterations=3", "job.warmup=1", "emulation.collect_mode=rules", "emulation.sandbox=1",
+        "emulation.ranks_of_interest=3", NO_LOAD])
+
+
 @pytest.mark.timeout(400)
 def test_rank_of_another_dp_replica_is_emulated_from_a_rules_mode_graph(tmp_path):
     # rules mode + DP dedup collects replica 0 only; rank 3 sits in replica 1 (EP peers 2 and 3),
     # whose groups the graph names only by expansion: the sandbox rank publishes c10d's names, the
     # virtual ranks send what their replica-0 twins sent, and uneven all-to-alls use the graph's splits
-    cfg = load_config(CONFIGS / "tiny_moe_w2_ep2.yaml", [
-        "job.world_size=4", "parallel.dp=4", "parallel.ep=2", "model.moe_router=balanced", "job.iterations=3",
-        "job.warmup=1", "emulation.collect_mode=rules", "emulation.sandbox=1", "emulation.ranks_of_interest=3", NO_LOAD])
+    cfg = _rules_dp_ep2(4)
     graph, predicted = _calibrated(cfg, tmp_path)
     assert (graph.directory / "tensors.zarr").is_dir() and (graph.directory / "replica_source.npy").is_file()
     a2a = graph.trace.columns["splits"] > 0
@@ -219,9 +226,7 @@ def test_hosting_only_the_neighbours_trains_the_rank_of_interest_exactly_as_host
     # chunks, read from the cache by group and seq (rank 6's from its replica-0 twin's entries,
     # group_source.npy), and rank 0's broadcast through its tree child: rank 3 trains bit for bit as it
     # does beside every virtual rank, with the same memory
-    cfg = load_config(CONFIGS / "tiny_moe_w2_ep2.yaml", [
-        "job.world_size=8", "parallel.dp=8", "parallel.ep=2", "model.moe_router=balanced", "job.iterations=3",
-        "job.warmup=1", "emulation.collect_mode=rules", "emulation.sandbox=1", "emulation.ranks_of_interest=3", NO_LOAD])
+    cfg = _rules_dp_ep2(8)
     graph, predicted = _calibrated(cfg, tmp_path)
     assert (graph.directory / "group_source.npy").is_file()
     timeline = tmp_path / "calibrate" / "timeline.npz"
