@@ -119,14 +119,19 @@ def main() -> None:
                              max(r["trees_s"] for r in ranks), stats["max_rss_bytes"], stats["virtual_ranks"],
                              stats.get("gloo_members"), stats["wall_s"], _growth(stats.get("rss_bytes") or {})))
                 print(f"W={world} ({mode}): {wall:.1f} s", flush=True)
-    print(f"\n{'virtual ranks':>13} {'W':>6} {'wall (s)':>9} {'init (s)':>9} {'barrier (s)':>11} {'trees (s)':>9} {'assistant RSS':>14} "
-          f"{'replayed':>8} {'members':>7} {'assistant (s)':>13}   {'+graph':>6} {'+set-up':>7} {'+groups':>7} {'+replay':>7} (MiB)")
+    head = ("virtual ranks", "W", "wall (s)", "init (s)", "barrier (s)", "trees (s)", "assistant RSS", "replayed",
+            "members", "assistant (s)")
+    widths = (13, 6, 9, 9, 11, 9, 14, 8, 7, 13)
+    growth_head = (("+graph", 6), ("+set-up", 7), ("+groups", 7), ("+replay", 7))
+    print("\n" + " ".join(f"{h:>{w}}" for h, w in zip(head, widths)) + "   "
+          + " ".join(f"{h:>{w}}" for h, w in growth_head) + " (MiB)")
     for mode, world, wall, init, barrier, trees, rss, replayed, members, assistant, growth in \
             sorted(rows, key=lambda row: (modes.index(row[0]), row[1])):
-        print(f"{mode:>13} {world:>6} {wall:9.2f} {init:9.3f} {barrier:11.3f} {trees:9.3f} {rss / 2**20:11.0f} MiB "
-              f"{replayed:>8} "
-              f"{members if members is not None else '-':>7} {assistant:13.2f}   " + " ".join(f"{g:>{w}.0f}" if g is not None else f"{'-':>{w}}"
-                                               for g, w in zip(growth, (6, 7, 7, 7))))
+        cells = (mode, world, f"{wall:.2f}", f"{init:.3f}", f"{barrier:.3f}", f"{trees:.3f}", f"{rss / 2**20:.0f} MiB",
+                 replayed, members if members is not None else "-", f"{assistant:.2f}")
+        grown = (f"{g:.0f}" if g is not None else "-" for g in growth)
+        print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)) + "   "
+              + " ".join(f"{g:>{w}}" for g, (_, w) in zip(grown, growth_head)))
     print("wall: launch to exit of both sandbox ranks and the assistant (Python and torch start-up included); "
           "init / barrier / trees (broadcast + all-reduce): inside the slower sandbox rank; replayed: virtual ranks the "
           "assistant replayed; members: of the assistant's "

@@ -19,8 +19,8 @@ from prism_core.launch import LaunchError
 from prism_core.metrics import metrics_document, oom_document, rank_metrics, result_peak, write_metrics
 from prism_core.replay.slices import run_with_assistant
 
-STATS = ("virtual_ranks", "virtual_ranks_in_job", "hosted", "groups_in_job", "groups_instantiated", "gloo_groups", "nodes", "wall_s", "cpu_s",
-         "inputs_streamed", "follow_pace")
+STATS = ("virtual_ranks", "virtual_ranks_in_job", "hosted", "groups_in_job", "groups_instantiated", "gloo_groups",
+         "nodes", "wall_s", "cpu_s", "inputs_streamed", "follow_pace")
 
 
 def emulate(cfg: PrismConfig, graph_dir: Path, timeline: Path, out_dir: Path,

@@ -215,7 +215,7 @@ def torch_element_size(dtype_name: str) -> int:
 
 
 @dataclass
-class _Pruning:
+class GroupPruning:
     """Which groups holding a sandbox rank keep only some virtual members on the wire, and why."""
     prunable: set[int]                  # every op a barrier, ring, tree, or point-to-point
     with_barrier: set[int]
@@ -224,7 +224,7 @@ class _Pruning:
     p2p_peers: dict[int, set[int]]      # group -> virtual ranks with point-to-point ops to or from a sandbox rank
 
 
-def _pruning(trace, groups: set[int], ring: np.ndarray, sandbox: set[int]) -> _Pruning:
+def group_pruning(trace, groups: set[int], ring: np.ndarray, sandbox: set[int]) -> GroupPruning:
     from prism_core.trace.matching import node_ranks
     from prism_core.trace.schema import COMM, OP_CODE, P2P_OPS
 
@@ -257,7 +257,7 @@ def _pruning(trace, groups: set[int], ring: np.ndarray, sandbox: set[int]) -> _P
         for g, peer in rows.tolist():
             if peer not in sandbox:
                 p2p_peers.setdefault(g, set()).add(peer)
-    return _Pruning(set(groups) - set(other.tolist()), with_barrier, with_ring, tree_roots, p2p_peers)
+    return GroupPruning(set(groups) - set(other.tolist()), with_barrier, with_ring, tree_roots, p2p_peers)
 
 
 DEFAULT_GROUP = "0"   # c10d names the default group "0"; later groups count up from 1
@@ -328,7 +328,7 @@ class Assistant:
         self.arrivals = np.full(len(trace.columns["kind"]), np.nan)
         self.real_groups = {g for g, members in enumerate(trace.groups) if not self.sandbox.isdisjoint(members)}
         self.ring = ring_nodes(trace)
-        self.pruning = _pruning(trace, self.real_groups, self.ring, self.sandbox)
+        self.pruning = group_pruning(trace, self.real_groups, self.ring, self.sandbox)
         self.rings: dict[int, _RingOp] = {}      # op id -> ring or tree op in progress
         self._positions: dict[int, frozenset[int]] = {}   # group -> its sandbox ranks' positions
         self._index: dict[int, dict | tuple[np.ndarray, np.ndarray]] = {}   # group -> positions (`_position`)

@@ -22,7 +22,7 @@ from pathlib import Path
 from prism_core.trace.store import Trace, TraceStore, load_trace
 
 MODES = ("all", "neighbours")
-# what finding the neighbours reads of the sandbox ranks' nodes (`ring_nodes`, `_pruning`)
+# what finding the neighbours reads of the sandbox ranks' nodes (`ring_nodes`, `group_pruning`)
 NEIGHBOUR_COLUMNS = ("op", "group", "peer", "bytes", "dtype", "reduce", "splits")
 
 
@@ -51,10 +51,10 @@ def needed_positions(k: int, sandbox: frozenset[int], prunable: bool, barrier: b
 def neighbour_ranks(trace: Trace, sandbox: set[int]) -> set[int]:
     """The virtual ranks the sandbox ranks talk to, from `trace`, which needs to hold the sandbox
     ranks' nodes only."""
-    from prism_core.replay.assistant import _pruning, ring_nodes
+    from prism_core.replay.assistant import group_pruning, ring_nodes
 
     real = {g for g, members in enumerate(trace.groups) if not sandbox.isdisjoint(members)}
-    pruning = _pruning(trace, real, ring_nodes(trace), sandbox)
+    pruning = group_pruning(trace, real, ring_nodes(trace), sandbox)
     out: set[int] = set()
     for g in real:
         members = trace.groups[g]     # looked up by index: a dict of a 16,384-rank group held a MiB
