@@ -302,6 +302,7 @@ class Assistant:
                  source: np.ndarray | None = None, pacer=None, late_join=None, spin=None, build_ahead: bool = True,
                  ring_combine: bool = True, group_source: np.ndarray | None = None):
         from prism_core.replay.awake import CoreSpin
+        from prism_core.replay.hosted import replayed_ranks
         from prism_core.replay.virtual_ops import Inputs
         from prism_core.trace.matching import match_ops
 
@@ -310,9 +311,8 @@ class Assistant:
         # a graph loaded for the sandbox ranks' neighbours only (replay/hosted.py): the other
         # virtual ranks hold no nodes and are not replayed
         self.neighbours_only = trace.node_index is not None
-        self.virtual = [r for r in range(trace.world_size) if r not in self.sandbox
-                        and (not self.neighbours_only or trace.num_nodes(r) > 0)]
-        self._hosted = set(self.virtual) if self.neighbours_only else None
+        self.virtual = replayed_ranks(trace, self.sandbox)
+        self._hosted = set(self.virtual) if self.neighbours_only else None     # None: every one
         self._virtual_count: dict[int, int] = {}     # group -> its virtual members replayed
         # neighbours only, a DP-expanded graph: per group, the group its nodes copy (collect/dedup.py),
         # which names a copied rank's cache entry without its source rank's rows
@@ -430,7 +430,7 @@ class Assistant:
             s = self.trace.rank_slice(r)
             for i in s.start + np.nonzero((self.ring[s] > 0) & (self.ring[s] < FIRST_TREE))[0]:
                 wanted.append((*self._cached_as(r, int(i)), int(c["step"][i])))
-        if self._hosted is not None:    # neighbours only: what the members not hosted put in, folded too
+        if self.neighbours_only:        # what the members not hosted put in, folded too
             done: set[int] = set()
             for r in sorted(self.sandbox):
                 s = self.trace.rank_slice(r)
@@ -482,7 +482,7 @@ class Assistant:
         """How many virtual members of group `g` this replay runs (every one, or those hosted)."""
         n = self._virtual_count.get(g)
         if n is None:
-            if self._hosted is None:
+            if not self.neighbours_only:
                 n = len(self.trace.groups[g]) - len(self._sandbox_positions(g))
             else:
                 n = sum(1 for m in self.trace.groups[g] if m in self._hosted)
@@ -774,7 +774,7 @@ class Assistant:
             entry = self.local[int(self.match.op_id[i])] = _Local()
         op_id = int(self.match.op_id[i])
         now = self.arrivals[i]
-        alone = self._hosted is not None and self.match.members[op_id] == 1
+        alone = self.neighbours_only and self.match.members[op_id] == 1
         if OPS[op] == "send":              # in-process sends are buffered: done at once
             h.done = True
             if alone:                      # to a rank not hosted (neighbours only)
@@ -1257,7 +1257,7 @@ class Assistant:
         if self._ranks is None:
             self._ranks = node_ranks(self.trace)
         by_rank = {int(self._ranks[n]): int(n) for n in nodes}
-        if self._hosted is None:
+        if not self.neighbours_only:
             return [(m, by_rank[m]) for m in members]
         return [(m, by_rank.get(m, i)) for m in members]
 
@@ -1447,7 +1447,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
 
     from prism_core.backend.transport_threads import loop_policies
     from prism_core.collect.context_switch import GROUP_SOURCE, REPLICA_SOURCE
-    from prism_core.replay.hosted import load_for_replay
+    from prism_core.replay.hosted import load_for_replay, replayed_ranks
     from prism_core.runtime import write_json_atomic
 
     torch.set_num_threads(1)
@@ -1476,8 +1476,7 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     if model is not None and virtual_spans != "timed":
         from prism_core.replay.steady import matched_noise, paired_ranks, steady_spans
 
-        virtual = [r for r in range(trace.world_size) if r not in set(sandbox)
-                   and (trace.node_index is None or trace.num_nodes(r) > 0)]
+        virtual = replayed_ranks(trace, set(sandbox))
         steady = virtual if virtual_spans == "steady" else paired_ranks(trace, virtual, sandbox)
         if virtual_spans == "matched":
             matched = matched_noise(trace, model.span, steady, sandbox, steady_from, model.moments)

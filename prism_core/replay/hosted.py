@@ -66,6 +66,13 @@ def neighbour_ranks(trace: Trace, sandbox: set[int]) -> set[int]:
     return out - sandbox
 
 
+def replayed_ranks(trace: Trace, sandbox: set[int]) -> list[int]:
+    """The virtual ranks a replay of `trace` runs: every rank but the sandbox's, or, where the graph
+    was loaded for the sandbox's neighbours only, those of them that hold nodes."""
+    return [r for r in range(trace.world_size) if r not in sandbox
+            and (trace.node_index is None or trace.num_nodes(r) > 0)]
+
+
 def load_for_replay(path: Path, columns: Iterable[str], sandbox: set[int], mode: str) -> Trace:
     """The graph as a replay hosting `mode`'s virtual ranks reads it: whole ("all"), or only the
     sandbox ranks' and their neighbours' nodes ("neighbours"; `Trace.node_index` set)."""
