@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4          # 4: the group and step-peak tables as arrays (trace/store.py)
+READS = (3, 4)              # schema versions a store of which is read
 
 COMPUTE, COMM, WAIT = 0, 1, 2
 KINDS = ("compute", "comm", "wait")

@@ -2,10 +2,16 @@
 
 Layout of `trace.zarr`: arrays named after the schema's columns, each the concatenation of all
 ranks' nodes in rank order, plus `rank_offsets` [W+1] (rank r's nodes are
-offsets[r]:offsets[r+1]). Attributes hold the name tables (groups with their global ranks,
-labels, dtypes, ops), the schema version and each rank's per-step peak memory. Every chunk
-carries a CRC32C checksum, so corruption is detected on load and reported with the file.
-The store is written to a temporary directory and renamed into place.
+offsets[r]:offsets[r+1]). Each group's global ranks are `group_ranks`, cut by `group_offsets`
+[G+1]; each rank's per-step peak memory `peak_bytes` (-1: not measured), cut by `peak_offsets`
+[W+1]; these are arrays, not attributes, so that a replay reading a few ranks (replay/hosted.py)
+reads only their step peaks, and the group members as 4 bytes each, not as JSON (Python objects
+that zarr keeps while the store is open). Attributes hold the small name tables (group names,
+labels, dtypes, ops, splits) and the schema version. Columns are stored in shards of a million
+nodes holding chunks of `CHUNK_ROWS`, so that reading some ranks' rows decodes only the chunks
+they sit in. Every chunk carries a CRC32C checksum, so corruption is detected on load and
+reported with the file. The store is written to a temporary directory and renamed into place.
+Stores of schema 3 (the tables as JSON attributes) are still read.
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from prism_core.trace.schema import COLUMNS, OPS, SCHEMA_VERSION
+from prism_core.trace.schema import COLUMNS, OPS, READS, SCHEMA_VERSION
 
 STORE_NAME = "trace.zarr"
-CHUNK_ROWS = 1 << 20
+SHARD_ROWS = 1 << 20       # nodes a file holds
+CHUNK_ROWS = 1 << 14       # nodes a chunk (one decode) holds: 128 KiB of an 8-byte column
+TABLE_ARRAYS = ("group_ranks", "group_offsets", "peak_bytes", "peak_offsets")
+NOT_MEASURED = -1          # `peak_bytes` of a step whose peak was not measured
 
 
 class TraceError(RuntimeError):
@@ -149,16 +158,23 @@ def write_trace(trace: Trace, path: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     root = zarr.open_group(str(tmp), mode="w")
     codecs = [ZstdCodec(level=3), Crc32cCodec()]
-    arrays = dict(trace.columns, rank_offsets=trace.offsets)
+    peaks = trace.step_peaks        # [] (none noted) is stored as no offsets at all
+    tables = (np.array([r for g in trace.groups for r in g], dtype=np.int32),
+              _offsets(len(g) for g in trace.groups),
+              np.array([NOT_MEASURED if p is None else p for rank in peaks for p in rank], dtype=np.int64),
+              _offsets(len(rank) for rank in peaks) if peaks else np.zeros(0, np.int64))
+    arrays = dict(trace.columns, rank_offsets=trace.offsets, **dict(zip(TABLE_ARRAYS, tables)))
     for name, values in arrays.items():
         chunk = max(1, min(CHUNK_ROWS, len(values)))
-        arr = root.create_array(name, shape=values.shape, dtype=values.dtype, chunks=(chunk,), compressors=codecs)
+        shard = chunk * -(-min(SHARD_ROWS, max(len(values), 1)) // chunk)
+        arr = root.create_array(name, shape=values.shape, dtype=values.dtype, chunks=(chunk,), shards=(shard,),
+                                compressors=codecs)
         if len(values):
             arr[:] = values
     root.attrs.update({
         "schema_version": SCHEMA_VERSION, "world_size": trace.world_size, "ops": list(OPS),
-        "groups": [{"name": n, "ranks": list(g)} for n, g in zip(trace.group_names, trace.groups)],
-        "labels": trace.labels, "dtypes": trace.dtypes, "step_peaks": trace.step_peaks, "splits": trace.splits,
+        "group_names": list(trace.group_names), "labels": trace.labels, "dtypes": trace.dtypes,
+        "splits": trace.splits,
     })
     if path.exists():
         shutil.rmtree(path)
@@ -191,22 +207,35 @@ class TraceStore:
             attrs = dict(self.root.attrs)
         except Exception as err:  # noqa: BLE001
             raise TraceError(f"trace store metadata {path / 'zarr.json'} cannot be read: {err}") from None
-        if attrs.get("schema_version") != SCHEMA_VERSION:
-            raise TraceError(f"{path / 'zarr.json'}: schema version {attrs.get('schema_version')!r}, "
-                             f"this PrismLLM reads {SCHEMA_VERSION}")
+        version = attrs.get("schema_version")
+        if version not in READS:
+            raise TraceError(f"{path / 'zarr.json'}: schema version {version!r}, this PrismLLM reads "
+                             f"{' and '.join(map(str, READS))}")
         self.world_size = int(attrs["world_size"])
-        self.groups = [tuple(g["ranks"]) for g in attrs["groups"]]
-        self.group_names = [g["name"] for g in attrs["groups"]]
         self.labels, self.dtypes, self.splits = attrs["labels"], attrs["dtypes"], attrs["splits"]
-        self.step_peaks = attrs.get("step_peaks", [])
-        del attrs
         self.offsets = self._read("rank_offsets", None)
         if len(self.offsets) != self.world_size + 1:
             raise TraceError(f"{path / 'rank_offsets'} holds {len(self.offsets)} offsets for {self.world_size} ranks")
+        self._peaks: list[list[int | None]] | None = None      # schema 3: every rank's, from the attributes
+        if version == 3:
+            self.groups = [tuple(g["ranks"]) for g in attrs["groups"]]
+            self.group_names = [g["name"] for g in attrs["groups"]]
+            self._peaks = attrs.get("step_peaks", [])
+        else:
+            self.group_names = list(attrs["group_names"])
+            cuts = self._read("group_offsets", None)
+            self._check_cuts("group_offsets", cuts, len(self.group_names), "group_ranks", "groups")
+            members, cuts = self._read("group_ranks", None).tolist(), cuts.tolist()
+            self.groups = [tuple(members[a:b]) for a, b in zip(cuts, cuts[1:])]
+            del members
+            self._peak_offsets = self._read("peak_offsets", None)
+            if len(self._peak_offsets):        # none: the trace noted no step peaks
+                self._check_cuts("peak_offsets", self._peak_offsets, self.world_size, "peak_bytes", "ranks")
+        del attrs
         try:
             n_all = int(self.root["kind"].shape[0])
         except Exception as err:  # noqa: BLE001
-            raise TraceError(f"trace column {path / 'kind'} is missing or corrupt: {type(err).__name__}: {err}") \
+            raise TraceError(f"trace array {path / 'kind'} is missing or corrupt: {type(err).__name__}: {err}") \
                 from None
         if self.offsets[-1] != n_all:
             raise TraceError(f"{path / 'rank_offsets'} does not match the columns ({n_all} nodes)")
@@ -218,7 +247,7 @@ class TraceStore:
         unknown = sorted(set(wanted) - set(COLUMNS))
         if unknown:
             raise ValueError(f"not columns of the trace schema: {unknown}")
-        offsets, spans, node_index, peaks = self.offsets, None, None, self.step_peaks
+        offsets, spans, node_index, chosen = self.offsets, None, None, None
         if ranks is not None:
             chosen = sorted(set(int(r) for r in ranks))
             if chosen and not 0 <= chosen[0] <= chosen[-1] < self.world_size:
@@ -229,18 +258,45 @@ class TraceStore:
                 counts[r] = offsets[r + 1] - offsets[r]
             node_index = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in spans] or [np.zeros(0, np.int64)])
             offsets = np.concatenate([[0], np.cumsum(counts)]).astype(self.offsets.dtype)
-            if peaks:      # the ranks read keep theirs; the others share one empty list
-                none: list = []
-                keep = set(chosen)
-                peaks = [self.step_peaks[r] if r in keep else none for r in range(self.world_size)]
         cols = {name: self._read(name, spans) for name in wanted}
+        peaks = self._step_peaks(chosen)
         return Trace(world_size=self.world_size, columns=cols, offsets=offsets, groups=self.groups,
                      group_names=self.group_names, labels=self.labels, dtypes=self.dtypes, step_peaks=peaks,
                      splits=self.splits, node_index=node_index,
                      nodes_in_graph=None if node_index is None else int(self.offsets[-1]))
 
+    def _step_peaks(self, ranks: list[int] | None) -> list[list[int | None]]:
+        """Each rank's per-step peak bytes (None: not measured); `ranks`: only theirs are read, the
+        other ranks share one empty list. [] where the trace holds none."""
+        if self._peaks is not None:        # schema 3
+            if ranks is None or not self._peaks:
+                return self._peaks
+            return _only(self._peaks, ranks, self.world_size)
+        cuts = self._peak_offsets
+        if not len(cuts):
+            return []
+        chosen = range(self.world_size) if ranks is None else ranks
+        spans = [(int(cuts[r]), int(cuts[r + 1])) for r in chosen]
+        values = self._read("peak_bytes", _merged_spans(spans)).tolist()
+        taken, out = 0, {}
+        for r, (a, b) in zip(chosen, spans):
+            out[r] = [None if v == NOT_MEASURED else v for v in values[taken:taken + b - a]]
+            taken += b - a
+        return [out[r] for r in range(self.world_size)] if ranks is None else _only(out, ranks, self.world_size)
+
+    def _check_cuts(self, name: str, cuts: np.ndarray, count: int, values: str, what: str) -> None:
+        """TraceError naming `name` unless it cuts the array `values` into `count` runs, in order."""
+        try:
+            size = int(self.root[values].shape[0])
+        except Exception as err:  # noqa: BLE001
+            raise TraceError(f"trace array {self.path / values} is missing or corrupt: {type(err).__name__}: {err}") \
+                from None
+        if len(cuts) != count + 1 or cuts[0] != 0 or cuts[-1] != size or (np.diff(cuts) < 0).any():
+            raise TraceError(f"{self.path / name} does not cut {self.path / values} ({size} values) into {count} "
+                             f"{what}")
+
     def _read(self, name: str, spans: list[tuple[int, int]] | None) -> np.ndarray:
-        """A column whole (`spans` None), or those node ranges of it, concatenated."""
+        """An array whole (`spans` None), or those ranges of it, concatenated."""
         try:
             arr = self.root[name]
             if spans is None:
@@ -248,8 +304,20 @@ class TraceStore:
             parts = [arr[a:b] for a, b in spans]
             return np.concatenate(parts) if parts else np.zeros(0, dtype=arr.dtype)
         except Exception as err:  # noqa: BLE001
-            raise TraceError(f"trace column {self.path / name} is missing or corrupt: {type(err).__name__}: {err}") \
+            raise TraceError(f"trace array {self.path / name} is missing or corrupt: {type(err).__name__}: {err}") \
                 from None
+
+
+def _offsets(lengths: Iterable[int]) -> np.ndarray:
+    """[0, l0, l0 + l1, ...]: where each of a list of runs starts, and the end."""
+    return np.concatenate([[0], np.cumsum(list(lengths), dtype=np.int64)]).astype(np.int64)
+
+
+def _only(peaks, ranks: list[int], world_size: int) -> list[list[int | None]]:
+    """`peaks` (indexable by rank) for `ranks`; the other ranks share one empty list."""
+    none: list = []
+    keep = set(ranks)
+    return [peaks[r] if r in keep else none for r in range(world_size)]
 
 
 def _merged_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from prism_core.trace import STORE_NAME, TraceError, load_trace, merge_parts, write_trace
+from prism_core.trace.store import TABLE_ARRAYS
 from prism_core.trace.recorder import Recorder
 from prism_core.trace.schema import COLUMNS, COMM, SCHEMA_VERSION
 
@@ -102,6 +103,61 @@ def test_some_ranks_are_loaded_with_their_place_in_the_whole_graph(tmp_path):
     assert len(load_trace(path, ranks=[]).columns["kind"]) == 0
     with pytest.raises(ValueError, match="not all ranks of a 4-rank trace"):
         load_trace(path, ranks=[4])
+
+
+def test_some_ranks_step_peaks_are_read_and_the_others_hold_none(tmp_path):
+    trace = merged(tmp_path, reference_job(4, memory=True))
+    trace.step_peaks[2] = [5, None, 7]
+    path = write_trace(trace, tmp_path / STORE_NAME)
+    assert load_trace(path).step_peaks == trace.step_peaks
+    part = load_trace(path, ["op"], ranks=[2, 0])
+    assert part.step_peaks == [trace.step_peaks[0], [], [5, None, 7], []]
+    trace.step_peaks = []           # none noted at all reads back as none
+    assert load_trace(write_trace(trace, tmp_path / "none.zarr"), ranks=[1]).step_peaks == []
+
+
+def test_the_group_and_peak_tables_are_arrays_not_attributes(tmp_path):
+    """A replay reading a few ranks of a large job holds no table of every rank: the group members
+    and step peaks are arrays, read in part, and zarr.json holds only the small name tables."""
+    trace = merged(tmp_path, reference_job(3, memory=True))
+    path = write_trace(trace, tmp_path / STORE_NAME)
+    attrs = json.loads((path / "zarr.json").read_text())["attributes"]
+    assert "groups" not in attrs and "step_peaks" not in attrs and attrs["group_names"] == trace.group_names
+    for name in TABLE_ARRAYS:
+        assert (path / name / "zarr.json").is_file(), name
+
+
+def test_a_store_of_schema_3_is_still_read(tmp_path):
+    import shutil
+
+    trace = merged(tmp_path, reference_job(3, memory=True))
+    path = write_trace(trace, tmp_path / STORE_NAME)
+    meta = json.loads((path / "zarr.json").read_text())
+    attrs = meta["attributes"]
+    attrs.update(schema_version=3, step_peaks=trace.step_peaks,
+                 groups=[{"name": n, "ranks": list(g)} for n, g in zip(attrs.pop("group_names"), trace.groups)])
+    (path / "zarr.json").write_text(json.dumps(meta))
+    for name in TABLE_ARRAYS:
+        shutil.rmtree(path / name)
+    back = load_trace(path)
+    assert back.groups == trace.groups and back.group_names == trace.group_names
+    assert back.step_peaks == trace.step_peaks
+    assert load_trace(path, ranks=[1]).step_peaks == [[], trace.step_peaks[1], []]
+
+
+@pytest.mark.parametrize("name", ["group_offsets", "peak_offsets"])
+@pytest.mark.parametrize("at", [0, 1, -1])
+def test_offsets_that_do_not_cut_their_table_name_the_file(tmp_path, name, at):
+    import zarr
+
+    path = write_trace(merged(tmp_path, reference_job(3, memory=True)), tmp_path / STORE_NAME)
+    cuts = zarr.open_array(str(path / name), mode="r+")
+    values = cuts[:]
+    values[at] += 1 if at != 1 else -values[1] - 1         # off the start, going backwards, past the end
+    cuts[:] = values
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(path / name) in str(err.value)
 
 
 def test_step_peaks_none_without_memory(tmp_path):
