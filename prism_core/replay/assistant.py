@@ -30,6 +30,7 @@ import time
 import traceback
 from array import array
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -1365,27 +1366,35 @@ class ReplayTiming:
     moments: NodeMoments | None = None     # when each node ran, in the timeline and where measured (replay/steady.py)
     timed_pass: bool = False               # the alone spans are a timed pass's slices' (as an emulation times)
 
-    def only(self, nodes: np.ndarray) -> ReplayTiming:
-        """These nodes' timing (a graph loaded for some ranks: `Trace.node_index`)."""
-        from prism_core.replay.steady import NodeMoments
 
-        m = self.moments
-        moments = None if m is None else NodeMoments(
-            m.start[nodes], m.end[nodes], m.measured_start[nodes], m.measured_end[nodes],
-            None if m.measured_queued is None else m.measured_queued[nodes])
-        return replace(self, span=self.span[nodes], transfer=self.transfer[nodes], issue_cost=self.issue_cost[nodes],
-                       alone_span=None if self.alone_span is None else self.alone_span[nodes], moments=moments)
+# what `_timing` reads of a timeline, per node
+TIMING_PER_NODE = ("span", "transfer", "issue_cost", "alone_span", "start", "end", "measured_start", "measured_end",
+                   "measured_queued")
 
 
-def load_timing(path: Path) -> ReplayTiming:
+def load_timing(path: Path, nodes: np.ndarray | None = None, nodes_in_graph: int | None = None) -> ReplayTiming:
+    """A calibrated timeline's timing, of every node, or of `nodes` only (sorted indices into a
+    graph of `nodes_in_graph` nodes; a graph loaded for some ranks), read without the others'
+    (calibrate/timeline_rows.py). ValueError where the timeline is not of such a graph."""
+    if nodes is not None:
+        from prism_core.calibrate.timeline_rows import read_rows
+
+        data = read_rows(path, nodes, int(nodes_in_graph), TIMING_PER_NODE, whole=("timed_pass",))
+        missing = [name for name in ("span", "transfer") if name not in data]
+        if missing:
+            raise ValueError(f"{path}: holds no {' or '.join(missing)}")
+        return _timing(data)
+    with np.load(path) as data:      # a mapping whose members are read as they are asked for
+        return _timing(data)
+
+
+def _timing(data: Mapping[str, np.ndarray]) -> ReplayTiming:
     from prism_core.replay.steady import node_moments
 
-    with np.load(path) as data:
-        cost = data["issue_cost"] if "issue_cost" in data.files else np.zeros_like(data["transfer"])
-        alone = data["alone_span"] if "alone_span" in data.files else None
-        timed = bool(data["timed_pass"]) if "timed_pass" in data.files else False
-        return ReplayTiming(span=data["span"], transfer=data["transfer"], issue_cost=cost, alone_span=alone,
-                            moments=node_moments(data), timed_pass=timed)
+    cost = data["issue_cost"] if "issue_cost" in data else np.zeros_like(data["transfer"])
+    timed = bool(data["timed_pass"]) if "timed_pass" in data else False
+    return ReplayTiming(span=data["span"], transfer=data["transfer"], issue_cost=cost,
+                        alone_span=data.get("alone_span"), moments=node_moments(data), timed_pass=timed)
 
 
 def resident_bytes() -> int | None:
@@ -1434,8 +1443,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     over up to `pace_steps` steps. `build_ahead`: timed,
     what the virtual ranks send is built while they compute up to it (`Assistant._build_ahead`).
     `virtual_ranks`: "all", every virtual rank is replayed; "neighbours", only those the sandbox
-    ranks talk to (replay/hosted.py), of which alone the graph's rows are read; no arrivals are
-    written then (calibration reads them from a slice, which replays all).
+    ranks talk to (replay/hosted.py), of which alone the graph's and the timeline's rows are read;
+    no arrivals are written then (calibration reads them from a slice, which replays all).
     `virtual_spans`: timed, "steady": each virtual rank's steady steps from `steady_from` take their
     positions' trimmed mean spans; "paired": only those of virtual ranks whose every peer is a
     sandbox rank (replay/steady.py); "matched": those, each keeping the share of its timed noise
@@ -1464,11 +1473,12 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     phase_ends("graph")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                           timeout=datetime.timedelta(seconds=timeout_s))
-    model = load_timing(timing) if timing is not None else None
-    if model is not None and trace.node_index is not None:     # neighbours only: the hosted nodes' timing
-        if len(model.span) != trace.nodes_in_graph:
-            raise ValueError(f"{timing} does not belong to the graph {graph}")
-        model = model.only(trace.node_index)
+    model = None
+    if timing is not None:      # neighbours only: the hosted nodes' timing alone is read
+        try:
+            model = load_timing(timing, trace.node_index, trace.nodes_in_graph)
+        except ValueError as err:
+            raise ValueError(f"the timeline does not fit the graph {graph}: {err}") from None
     if model is not None and model.span.shape != trace.columns["kind"].shape:
         raise ValueError(f"{timing} does not belong to the graph {graph}")
     steady: list[int] = []
