@@ -28,7 +28,7 @@ from prism_core.report.publish import REPORT, publish_run, raise_on_regression  
 @task(name="emulate", task_run_name="emulate ranks {ranks}")
 def emulate_task(config: dict, graph_dir: str, timeline: str, out_dir: str, predicted: dict,
                  ranks: list[int]) -> dict:
-    """The ranks of interest real, every other rank replayed in calibrated time; metrics.json's content."""
+    """The ranks of interest real, the virtual ranks replayed in calibrated time; metrics.json's content."""
     cfg = config_from_dict(config)
     bar = Progress(f"emulation of ranks {ranks}: steps", cfg.job.iterations, echo=echo)
     return emulate(cfg, Path(graph_dir), Path(timeline), Path(out_dir), predicted,

@@ -95,7 +95,9 @@ def _calibrate(cfg: PrismConfig, args) -> str:
 def _emulation_notes(e: dict) -> str:
     """The lines `prism emulate` / `prism run` print about the replay: its size, where the ranks of
     interest ran, the pace its virtual ranks followed."""
-    text = (f"\n{e['virtual_ranks']} virtual ranks replayed; {e['groups_instantiated']} of the job's "
+    hosted = (f" of the job's {e['virtual_ranks_in_job']} (the ranks of interest's neighbours)"
+              if e.get("hosted") == "neighbours" else "")
+    text = (f"\n{e['virtual_ranks']} virtual ranks replayed{hosted}; {e['groups_instantiated']} of the job's "
             f"{e['groups_in_job']} process groups instantiated")
     placement = e.get("placement") or {}
     if placement and not placement.get("bound"):

@@ -157,11 +157,13 @@ class EmulationConfig(_Strict):
                                                  "does (replay/ring.py): what it sends comes from the tensor cache, "
                                                  "so only its time changes, which the sandbox rank waits for")
     virtual_ranks: Literal["all", "neighbours"] = Field(
-        "all", description="the emulation's assistant replays every virtual rank (all: a late sandbox rank's delay "
-                           "travels through virtual ranks that never talk to it and back), or only those the sandbox "
-                           "ranks talk to, the ring, tree and barrier neighbours and point-to-point peers, reading "
-                           "only their rows of the graph (neighbours, the paper's active virtual ranks: memory and "
-                           "replay work follow the sandbox's neighbourhood, not W; replay/hosted.py)")
+        "neighbours", description="the emulation's assistant replays only the virtual ranks the sandbox ranks talk "
+                                  "to, the ring, tree and barrier neighbours and point-to-point peers, reading only "
+                                  "their rows of the graph (neighbours, the paper's active virtual ranks: memory and "
+                                  "replay work follow the sandbox's neighbourhood, not W; replay/hosted.py), or "
+                                  "every virtual rank (all: a late sandbox rank's delay also travels through virtual "
+                                  "ranks that never talk to it and back). Where every virtual rank is a neighbour "
+                                  "(W=2) the two are the same run. Timing slices always host all")
     awake_while_computing: bool = Field(True, description="a timed run placed alone (an emulation, a second timing "
                                                           "pass) keeps its assistant's cores awake while its virtual "
                                                           "ranks compute and lets them idle while they wait for the "

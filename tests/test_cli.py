@@ -211,6 +211,8 @@ def test_emulation_notes_say_where_the_ranks_ran_and_which_pace_was_followed():
     assert "62 virtual ranks replayed; 9 of the job's 89" in text
     assert "did not get cores of their own (2 rank(s) and the assistant need 3 cores)" in text
     assert "kept their calibrated compute (no pace read: beside the assistant)" in text
+    near = _emulation_notes({**e, "virtual_ranks": 17, "virtual_ranks_in_job": 62, "hosted": "neighbours"})
+    assert "17 virtual ranks replayed of the job's 62 (the ranks of interest's neighbours); 9 of the job's 89" in near
     followed = {**e, "placement": {"bound": True}, "follow_pace": {"ranks": [1], "off": None, "median": 0.97}}
     text = _emulation_notes(followed)
     assert "followed the pace of ranks [1] (median 0.97" in text and "note:" not in text

@@ -1,5 +1,6 @@
 """Stage 3, emulate (paper §6, DESIGN.md §3): the ranks of interest run the unmodified program on
-sandbox slots while the replay assistant hosts every other rank in calibrated time.
+sandbox slots while the replay assistant hosts the virtual ranks in calibrated time: those the
+ranks of interest talk to (`emulation.virtual_ranks: neighbours`, the default), or every other rank.
 
 A virtual compute node takes its calibrated span; communication with a sandbox rank is the real
 transfer, and a virtual rank waiting on it resumes when it completes, so a late sandbox rank

@@ -11,8 +11,8 @@ process serves thousands of virtual ranks while the sandbox ranks run their real
 
 Mode "structure" (slice timing, Stage 2) runs compute nodes in zero time: the sandbox ranks
 measure their own durations, and calibration repairs the timeline afterwards. The issue time
-of every virtual node is written to `replay/arrivals.npy` so that a sandbox rank's transfer
-time can exclude its wait for late peers.
+of every virtual node is written to `replay/arrivals.npy` (where the whole graph is replayed)
+so that a sandbox rank's transfer time can exclude its wait for late peers.
 """
 
 from __future__ import annotations
@@ -1444,7 +1444,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     what the virtual ranks send is built while they compute up to it (`Assistant._build_ahead`).
     `virtual_ranks`: "all", every virtual rank is replayed; "neighbours", only those the sandbox
     ranks talk to (replay/hosted.py), of which alone the graph's and the timeline's rows are read;
-    no arrivals are written then (calibration reads them from a slice, which replays all).
+    unless they are every virtual rank, no arrivals are written then (calibration reads them from a
+    slice, which replays all).
     `virtual_spans`: timed, "steady": each virtual rank's steady steps from `steady_from` take their
     positions' trimmed mean spans; "paired": only those of virtual ranks whose every peer is a
     sandbox rank (replay/steady.py); "matched": those, each keeping the share of its timed noise
@@ -1542,7 +1543,8 @@ def run_assistant(graph: Path, sandbox: list[int], result_dir: Path, cache: Path
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "stats.json", {
         "virtual_ranks": len(assistant.virtual), "virtual_ranks_in_job": trace.world_size - len(set(sandbox)),
-        "hosted": virtual_ranks, "gloo_groups": len(assistant.pgs),
+        # "all" where every virtual rank was a neighbour: the whole graph was replayed
+        "hosted": "all" if trace.node_index is None else virtual_ranks, "gloo_groups": len(assistant.pgs),
         "gloo_members": assistant.gloo_members, "compact_groups": assistant.compact_groups,
         "gloo_loop_policies": sorted(loop_policies().values()),
         "timer_lead_s": assistant.lead,

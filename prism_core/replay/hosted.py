@@ -75,11 +75,13 @@ def replayed_ranks(trace: Trace, sandbox: set[int]) -> list[int]:
 
 def load_for_replay(path: Path, columns: Iterable[str], sandbox: set[int], mode: str) -> Trace:
     """The graph as a replay hosting `mode`'s virtual ranks reads it: whole ("all"), or only the
-    sandbox ranks' and their neighbours' nodes ("neighbours"; `Trace.node_index` set)."""
+    sandbox ranks' and their neighbours' nodes ("neighbours"; `Trace.node_index` set). Where every
+    virtual rank is a neighbour (every W=2 job, a ring of three), "neighbours" reads it whole, and
+    the replay is "all"'s."""
     if mode not in MODES:
         raise ValueError(f"virtual ranks {mode!r}: one of {', '.join(MODES)}")
     if mode == "all":
         return load_trace(path, columns)
     store = TraceStore(path)
-    mine = store.load(NEIGHBOUR_COLUMNS, ranks=sandbox)
-    return store.load(columns, ranks=sandbox | neighbour_ranks(mine, sandbox))
+    hosted = sandbox | neighbour_ranks(store.load(NEIGHBOUR_COLUMNS, ranks=sandbox), sandbox)
+    return store.load(columns, ranks=None if len(hosted) == store.world_size else hosted)

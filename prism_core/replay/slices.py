@@ -148,8 +148,8 @@ def run_with_assistant(cfg: PrismConfig, graph_dir: Path, sandbox: list[int], ou
     `job_cores`: each sandbox rank on the core it holds in the whole job (`launch/cores.place`);
     `join_late`: a plain slice's virtual members of collectives go on the wire once a sandbox
     member has issued the op (`replay/assistant.py` `--join-late`). `virtual_ranks`: "neighbours",
-    the assistant replays only the virtual ranks the sandbox ranks talk to (replay/hosted.py; it
-    writes no arrivals then, which a slice's calibration needs). A plain slice placed alone
+    the assistant replays only the virtual ranks the sandbox ranks talk to (replay/hosted.py; unless
+    they are all, it writes no arrivals then, which a slice's calibration needs). A plain slice placed alone
     keeps its assistant's cores awake (`emulation.keep_awake`, launch/neighbour_load.py): its
     virtual peers arrive at once and wait blocked, and on a core that idled their answers came late.
     A timed run placed alone keeps them awake while its virtual ranks compute only

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def test_moe_w16_memory_and_oom_equal_the_real_run(tmp_path):
-    cfg = load_config(CONFIGS / "moe_w16.yaml", ["job.iterations=3"])
+    cfg = load_config(CONFIGS / "moe_w16.yaml", ["job.iterations=3", "emulation.virtual_ranks=all"])
     roi = sorted(cfg.emulation.ranks_of_interest)
     real = record(cfg, tmp_path / "record", options=RecordOptions(echo=False))
     graph = collect(cfg, tmp_path / "collect")
@@ -39,6 +39,7 @@ def test_moe_w16_memory_and_oom_equal_the_real_run(tmp_path):
     near = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"virtual_ranks": "neighbours"})})
     doc_near = emulate(near, graph.directory, timeline, tmp_path / "emulate_near", predicted)
     assert doc_near["emulation"]["virtual_ranks"] < doc["emulation"]["virtual_ranks"] == 14
+    assert load_config(CONFIGS / "moe_w16.yaml").emulation.virtual_ranks == "neighbours"     # the default
     # every input folded into a compensated chunk was read ahead, the absent ranks' too
     assert json.loads((tmp_path / "emulate_near" / "replay" / "stats.json").read_text())["inputs_read_on_demand"] == 0
     for r in map(str, roi):

@@ -212,6 +212,9 @@ def test_rank_of_another_dp_replica_is_emulated_from_a_rules_mode_graph(tmp_path
     # cached gradients) were built while those ranks computed up to them (emulation.build_ahead)
     replay = json.loads((tmp_path / "emulate" / "replay" / "stats.json").read_text())
     assert replay["built_ahead"] > 0
+    # every virtual rank is one of rank 3's neighbours (emulation.virtual_ranks, the default): the
+    # whole graph was replayed
+    assert replay["hosted"] == "all" and (tmp_path / "emulate" / "replay" / "arrivals.npy").is_file()
     real = record(cfg, tmp_path / "record", options=RecordOptions(echo=False))
     assert doc["ranks"]["3"]["peak_memory_bytes"] == real["ranks"]["3"]["peak_memory_bytes"]
     assert_no_rank_processes()
@@ -226,13 +229,13 @@ def test_hosting_only_the_neighbours_trains_the_rank_of_interest_exactly_as_host
     # chunks, read from the cache by group and seq (rank 6's from its replica-0 twin's entries,
     # group_source.npy), and rank 0's broadcast through its tree child: rank 3 trains bit for bit as it
     # does beside every virtual rank, with the same memory
-    cfg = _rules_dp_ep2(8)
-    graph, predicted = _calibrated(cfg, tmp_path)
+    near = _rules_dp_ep2(8)           # the default: emulation.virtual_ranks=neighbours
+    graph, predicted = _calibrated(near, tmp_path)
     assert (graph.directory / "group_source.npy").is_file()
     timeline = tmp_path / "calibrate" / "timeline.npz"
-    near = cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"virtual_ranks": "neighbours"})})
+    every = near.model_copy(update={"emulation": near.emulation.model_copy(update={"virtual_ranks": "all"})})
     docs = {name: emulate(c, graph.directory, timeline, tmp_path / name, predicted)
-            for name, c in (("all", cfg), ("near", near))}
+            for name, c in (("all", every), ("near", near))}
     assert docs["all"]["emulation"]["virtual_ranks"] == 7
     assert docs["near"]["emulation"]["virtual_ranks"] == 5 and docs["near"]["emulation"]["virtual_ranks_in_job"] == 7
     replay = json.loads((tmp_path / "near" / "replay" / "stats.json").read_text())

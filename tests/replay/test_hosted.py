@@ -94,3 +94,15 @@ def test_a_replay_of_the_neighbours_reads_only_their_rows(tmp_path):
     assert near.step_peaks[3] == [103] and near.step_peaks[8] == []
     with pytest.raises(ValueError, match="virtual ranks 'some'"):
         load_for_replay(path, ["op"], {3}, "some")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_where_every_virtual_rank_is_a_neighbour_the_neighbours_replay_reads_the_whole_graph(tmp_path, world):
+    trace = _graph(world, [tuple(range(world))], [("allreduce", 0, 4 * 64, None)])
+    path = write_trace(trace, tmp_path / "trace.zarr")
+    near = load_for_replay(path, ["op", "group"], {0}, "neighbours")
+    assert near.node_index is None and np.array_equal(near.offsets, trace.offsets)
+    assert np.array_equal(near.columns["op"], trace.columns["op"])
+    # a fourth rank is no ring neighbour of rank 0's: then only the neighbours' rows
+    four = write_trace(_graph(4, [tuple(range(4))], [("allreduce", 0, 4 * 64, None)]), tmp_path / "four.zarr")
+    assert load_for_replay(four, ["op"], {0}, "neighbours").node_index is not None
