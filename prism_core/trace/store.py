@@ -7,9 +7,10 @@ offsets[r]:offsets[r+1]). Each group's global ranks are `group_ranks`, cut by `g
 [W+1]; these are arrays, not attributes, so that a replay reading a few ranks (replay/hosted.py)
 reads only their step peaks, and the group members as 4 bytes each, not as JSON (Python objects
 that zarr keeps while the store is open). Attributes hold the small name tables (group names,
-labels, dtypes, ops, splits) and the schema version. Columns are stored in shards of a million
-nodes holding chunks of `CHUNK_ROWS`, so that reading some ranks' rows decodes only the chunks
-they sit in. Every chunk carries a CRC32C checksum, so corruption is detected on load and
+labels, dtypes, ops, splits) and the schema version. Columns are stored in shards of
+`SHARD_ROWS` nodes holding chunks of `CHUNK_ROWS`; reading some ranks' rows decodes only the
+chunks they sit in (a million nodes each: smaller chunks cost more in whole writes and loads
+than they saved, bench/trace_store.py). Every chunk carries a CRC32C checksum, so corruption is detected on load and
 reported with the file. The store is written to a temporary directory and renamed into place.
 Stores of schema 3 (the tables as JSON attributes) are still read.
 """
@@ -29,7 +30,7 @@ from prism_core.trace.schema import COLUMNS, OPS, READS, SCHEMA_VERSION
 
 STORE_NAME = "trace.zarr"
 SHARD_ROWS = 1 << 20       # nodes a file holds
-CHUNK_ROWS = 1 << 14       # nodes a chunk (one decode) holds: 128 KiB of an 8-byte column
+CHUNK_ROWS = 1 << 20       # nodes a chunk (one decode): 16K-node chunks wrote 6.5x, loaded 10x slower (item 79)
 TABLE_ARRAYS = ("group_ranks", "group_offsets", "peak_bytes", "peak_offsets")
 NOT_MEASURED = -1          # `peak_bytes` of a step whose peak was not measured
 
