@@ -10,9 +10,9 @@ that zarr keeps while the store is open). Attributes hold the small name tables 
 labels, dtypes, ops, splits) and the schema version. Columns are stored in shards of
 `SHARD_ROWS` nodes holding chunks of `CHUNK_ROWS`; reading some ranks' rows decodes only the
 chunks they sit in (a million nodes each: smaller chunks cost more in whole writes and loads
-than they saved, bench/trace_store.py). Every chunk carries a CRC32C checksum, so corruption is detected on load and
-reported with the file. The store is written to a temporary directory and renamed into place.
-Stores of schema 3 (the tables as JSON attributes) are still read.
+than they saved, bench/trace_store.py). Every chunk carries a CRC32C checksum, so corruption is
+detected on load and reported with the file. The store is written to a temporary directory and
+renamed into place. Stores of schema 3 (the tables as JSON attributes) are still read.
 """
 
 from __future__ import annotations
